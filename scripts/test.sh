@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh machine: install (CPU torch, the project, test tools, the editors'
+# toolchains), then run every test. Fails when any test fails or when no test ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh --dev
+export PYTHONUNBUFFERED=1
+set +e
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "no tests ran" >&2; exit 1; fi
+exit "$rc"
