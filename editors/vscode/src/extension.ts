@@ -1,0 +1,247 @@
+// The VS Code side: owns the LanguageClient, the status bar item and the commands. Everything that can be
+// decided without the `vscode` API lives in settings.ts, launch.ts and status.ts (unit tested).
+import * as fs from "fs";
+import * as os from "os";
+import * as vscode from "vscode";
+import {
+  DidChangeConfigurationNotification,
+  ExecuteCommandRequest,
+  LanguageClient,
+  LanguageClientOptions,
+  ServerOptions,
+  State,
+} from "vscode-languageclient/node";
+import { expandPath, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
+import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
+import { formatStatsReport, ServerState, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
+
+const SECTION = "restLsp";
+const STATS_METHOD = "rest/stats";
+
+let client: LanguageClient | undefined;
+let launch: ServerLaunch | undefined;
+let output: vscode.LogOutputChannel;
+let statusItem: vscode.StatusBarItem;
+let extensionUri: vscode.Uri;
+let state: ServerState = "stopped";
+let stateDetail: string | undefined;
+let summary: StatsSummary = {};
+let statsTimer: NodeJS.Timeout | undefined;
+let settings: RestLspSettings;
+
+function currentSettings(): RestLspSettings {
+  const cfg = vscode.workspace.getConfiguration(SECTION);
+  return readSettings(<T>(key: string, fallback: T) => cfg.get<T>(key, fallback) as T);
+}
+
+function render(): void {
+  const view = statusView(state, summary, settings.completionsEnabled, stateDetail);
+  statusItem.text = view.text;
+  statusItem.tooltip = view.tooltip;
+  statusItem.backgroundColor = state === "error" ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
+  statusItem.show();
+}
+
+function setState(s: ServerState, detail?: string): void {
+  state = s;
+  stateDetail = detail;
+  render();
+}
+
+function isExecutable(file: string): boolean {
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+    return fs.statSync(file).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/** The interpreter selected in the Python extension, when that extension is installed. */
+async function selectedPython(): Promise<string | undefined> {
+  const ext = vscode.extensions.getExtension("ms-python.python");
+  if (!ext) return undefined;
+  try {
+    const api = ext.isActive ? ext.exports : await ext.activate();
+    const folder = vscode.workspace.workspaceFolders?.[0]?.uri;
+    const env = api?.environments?.getActiveEnvironmentPath?.(folder);
+    return typeof env?.path === "string" ? env.path : undefined;
+  } catch (err) {
+    output.appendLine(`could not ask the Python extension for its interpreter: ${err}`);
+    return undefined;
+  }
+}
+
+async function showMissingServer(err: ServerNotFoundError): Promise<void> {
+  output.appendLine(err.message);
+  if (err.searched.length > 0) output.appendLine(`searched:\n  ${err.searched.join("\n  ")}`);
+  const choice = await vscode.window.showErrorMessage(err.message, "Open README", "Open Settings", "Show Log");
+  if (choice === "Open README") {
+    await vscode.commands.executeCommand("markdown.showPreview", vscode.Uri.joinPath(extensionUri, "README.md"));
+  } else if (choice === "Open Settings") {
+    await vscode.commands.executeCommand("workbench.action.openSettings", "restLsp.server.path");
+  } else if (choice === "Show Log") {
+    output.show();
+  }
+}
+
+async function pollStats(): Promise<void> {
+  if (!client || client.state !== State.Running) return;
+  try {
+    const stats = await client.sendRequest(STATS_METHOD, {});
+    summary = summarizeStats(stats);
+    setState(stateFromStats(state, summary), stateDetail);
+  } catch {
+    // A server busy loading its model answers later; the next poll tries again.
+  }
+}
+
+async function startClient(): Promise<void> {
+  settings = currentSettings();
+  setState("starting");
+  const folders = (vscode.workspace.workspaceFolders ?? []).map((f) => f.uri.fsPath);
+  try {
+    launch = resolveServerLaunch({
+      serverPath: expandPath(settings.serverPath, os.homedir(), folders[0]),
+      serverArgs: settings.serverArgs,
+      serverEnv: settings.serverEnv,
+      pythonPath: await selectedPython(),
+      workspaceFolders: folders,
+      env: process.env,
+      platform: process.platform,
+      isExecutable,
+    });
+  } catch (err) {
+    if (err instanceof ServerNotFoundError) {
+      setState("error", "server not found");
+      void showMissingServer(err);
+      return;
+    }
+    throw err;
+  }
+  output.appendLine(`starting ${launch.command} ${launch.args.join(" ")} (found via ${launch.source})`);
+
+  // No `transport`: the client then spawns exactly command + args (with `--stdio` already in args).
+  const server: ServerOptions = { command: launch.command, args: launch.args, options: { env: launch.env } };
+  const options: LanguageClientOptions = {
+    documentSelector: documentSelector(settings.languages),
+    initializationOptions: serverOptions(settings),
+    outputChannel: output,
+    middleware: {
+      provideInlineCompletionItems: (document, position, context, token, next) =>
+        settings.completionsEnabled ? next(document, position, context, token) : undefined,
+    },
+  };
+  const c = new LanguageClient("restLsp", "rest-lsp", server, options);
+  client = c;
+  c.onDidChangeState((e) => {
+    if (client !== c) return;
+    if (e.newState === State.Stopped && state !== "error") setState("stopped");
+    if (e.newState === State.Starting) setState("starting");
+  });
+  try {
+    await c.start();
+  } catch (err) {
+    if (client === c) setState("error", `${err}`);
+    output.appendLine(`rest-lsp failed to start: ${err}`);
+    void vscode.window.showErrorMessage(`rest-lsp failed to start: ${err}`, "Show Log").then((x) => x && output.show());
+    return;
+  }
+  setState("ready");
+  await pollStats();
+  if (statsTimer) clearInterval(statsTimer);
+  statsTimer = setInterval(() => void pollStats(), settings.statsIntervalMs);
+}
+
+async function stopClient(): Promise<void> {
+  if (statsTimer) clearInterval(statsTimer);
+  statsTimer = undefined;
+  const c = client;
+  client = undefined;
+  if (c) {
+    try {
+      await c.stop(5000);
+    } catch (err) {
+      output.appendLine(`stopping rest-lsp: ${err}`);
+    }
+  }
+  setState("stopped");
+}
+
+async function restart(): Promise<void> {
+  await stopClient();
+  summary = {};
+  await startClient();
+}
+
+async function rebuildIndex(): Promise<void> {
+  if (!client || client.state !== State.Running) {
+    void vscode.window.showWarningMessage("rest-lsp is not running.");
+    return;
+  }
+  // The server advertises its commands; the index command is found by name so both stay in step.
+  const commands = client.initializeResult?.capabilities.executeCommandProvider?.commands ?? [];
+  const command = commands.find((c) => /rebuild|reindex/i.test(c));
+  if (!command) {
+    void vscode.window.showWarningMessage("This rest-lsp server offers no index rebuild command.");
+    return;
+  }
+  await client.sendRequest(ExecuteCommandRequest.type, { command, arguments: [] });
+  setState("indexing");
+  void vscode.window.setStatusBarMessage("rest-lsp: rebuilding the workspace index", 3000);
+}
+
+async function showStats(): Promise<void> {
+  if (!client || client.state !== State.Running) {
+    void vscode.window.showWarningMessage("rest-lsp is not running.");
+    return;
+  }
+  const stats = await client.sendRequest(STATS_METHOD, {});
+  summary = summarizeStats(stats);
+  render();
+  output.appendLine(`--- rest/stats ${new Date().toISOString()}`);
+  output.appendLine(formatStatsReport(stats));
+  output.show(true);
+}
+
+async function toggleCompletions(): Promise<void> {
+  const cfg = vscode.workspace.getConfiguration(SECTION);
+  await cfg.update("completions.enabled", !settings.completionsEnabled, vscode.ConfigurationTarget.Global);
+}
+
+async function onConfigurationChanged(e: vscode.ConfigurationChangeEvent): Promise<void> {
+  if (!e.affectsConfiguration(SECTION)) return;
+  const previous = settings;
+  settings = currentSettings();
+  render();
+  if (RESTART_KEYS.some((k) => e.affectsConfiguration(`${SECTION}.${k}`)) || !client) {
+    await restart();
+    return;
+  }
+  if (JSON.stringify(serverOptions(previous)) !== JSON.stringify(serverOptions(settings)) && client.state === State.Running) {
+    await client.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(settings));
+  }
+}
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  extensionUri = context.extensionUri;
+  output = vscode.window.createOutputChannel("rest-lsp", { log: true });
+  statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  statusItem.command = "restLsp.showStats";
+  settings = currentSettings();
+  context.subscriptions.push(
+    output,
+    statusItem,
+    vscode.commands.registerCommand("restLsp.restart", restart),
+    vscode.commands.registerCommand("restLsp.rebuildIndex", rebuildIndex),
+    vscode.commands.registerCommand("restLsp.showStats", showStats),
+    vscode.commands.registerCommand("restLsp.toggleCompletions", toggleCompletions),
+    vscode.workspace.onDidChangeConfiguration((e) => void onConfigurationChanged(e)),
+    { dispose: () => void stopClient() },
+  );
+  await startClient();
+}
+
+export async function deactivate(): Promise<void> {
+  await stopClient();
+}

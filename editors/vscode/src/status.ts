@@ -1,0 +1,154 @@
+// What the status bar shows: the server's state and live figures from `rest/stats`. Pure, so it is unit
+// tested without VS Code. The stats reader is tolerant: it accepts the server's snake_case or camelCase
+// keys and ignores what it does not know, so a newer server never breaks the status bar.
+
+export type ServerState = "starting" | "indexing" | "ready" | "error" | "stopped";
+
+export interface StatsSummary {
+  requests?: number;
+  acceptedPerStep?: number; // mean tokens emitted per model step (REST's M)
+  tokensPerSecond?: number;
+  cacheHits?: number;
+  cancelled?: number;
+  indexing?: boolean;
+  indexProgress?: { done: number; total: number };
+  datastoreTokens?: number;
+  datastoreFiles?: number;
+  datastoreState?: string;
+  model?: string;
+}
+
+type Obj = Record<string, unknown>;
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function snake(k: string): string {
+  return k.replace(/([A-Z])/g, "_$1").toLowerCase();
+}
+
+/** The first key (snake_case or camelCase spelling) present in `o`. */
+function pick(o: unknown, ...keys: string[]): unknown {
+  if (!isObj(o)) return undefined;
+  for (const k of keys) {
+    if (k in o) return o[k];
+    const s = snake(k);
+    if (s in o) return o[s];
+  }
+  return undefined;
+}
+
+function num(v: unknown): number | undefined {
+  return typeof v === "number" && Number.isFinite(v) ? v : undefined;
+}
+
+export function summarizeStats(stats: unknown): StatsSummary {
+  const totals = pick(stats, "totals", "total") ?? stats;
+  const ds = pick(stats, "datastore", "index");
+  const out: StatsSummary = {};
+  out.requests = num(pick(totals, "requests", "completions"));
+  out.acceptedPerStep = num(pick(totals, "acceptedPerStep", "meanAcceptedPerStep", "acceptedTokensPerStep"));
+  if (out.acceptedPerStep === undefined) {
+    const tokens = num(pick(totals, "tokens", "generatedTokens"));
+    const steps = num(pick(totals, "steps", "modelSteps"));
+    if (tokens !== undefined && steps) out.acceptedPerStep = tokens / steps;
+  }
+  out.tokensPerSecond = num(pick(totals, "tokensPerSecond", "tokensPerS"));
+  if (out.tokensPerSecond === undefined) {
+    const tokens = num(pick(totals, "tokens", "generatedTokens"));
+    // The server reports model time split into retrieval and forward passes.
+    const ms = (num(pick(totals, "forwardMs")) ?? 0) + (num(pick(totals, "retrievalMs")) ?? 0);
+    if (tokens !== undefined && ms > 0) out.tokensPerSecond = (tokens * 1000) / ms;
+  }
+  out.cacheHits = num(pick(totals, "cacheHits"));
+  const cancelled = num(pick(totals, "cancelled", "cancellations"));
+  const superseded = num(pick(totals, "superseded"));
+  if (cancelled !== undefined || superseded !== undefined) out.cancelled = (cancelled ?? 0) + (superseded ?? 0);
+  out.model = typeof pick(stats, "model") === "string" ? (pick(stats, "model") as string) : undefined;
+  if (isObj(ds)) {
+    const state = pick(ds, "state", "status");
+    if (typeof state === "string") out.datastoreState = state;
+    const indexing = pick(ds, "indexing");
+    out.indexing = indexing === true || (typeof state === "string" && /index|build|scan/i.test(state));
+    const done = num(pick(ds, "indexedFiles", "filesDone", "done"));
+    const total = num(pick(ds, "totalFiles", "filesTotal", "total"));
+    if (done !== undefined && total !== undefined && total > 0) out.indexProgress = { done, total };
+    out.datastoreTokens = num(pick(ds, "tokens", "totalTokens", "size"));
+    out.datastoreFiles = num(pick(ds, "files", "documents"));
+  }
+  return out;
+}
+
+/** The state the status bar shows once stats arrive: indexing while the datastore says so, else ready. */
+export function stateFromStats(current: ServerState, s: StatsSummary): ServerState {
+  if (current === "error" || current === "stopped") return current;
+  return s.indexing ? "indexing" : "ready";
+}
+
+export function formatCount(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}G`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)}M`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)}k`;
+  return `${Math.round(n)}`;
+}
+
+const ICONS: Record<ServerState, string> = {
+  starting: "$(loading~spin)",
+  indexing: "$(sync~spin)",
+  ready: "$(sparkle)",
+  error: "$(error)",
+  stopped: "$(circle-slash)",
+};
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+}
+
+export function statusView(state: ServerState, s: StatsSummary, enabled: boolean, detail?: string): StatusView {
+  const parts = [`${ICONS[state]} REST`];
+  if (!enabled) parts.push("off");
+  else if (state === "starting" || state === "error" || state === "stopped") parts.push(state);
+  else if (state === "indexing") {
+    const p = s.indexProgress;
+    parts.push(p ? `indexing ${Math.floor((100 * p.done) / p.total)}%` : "indexing");
+  }
+  if (enabled && (state === "ready" || state === "indexing")) {
+    if (s.acceptedPerStep !== undefined) parts.push(`${s.acceptedPerStep.toFixed(2)} tok/step`);
+    if (s.tokensPerSecond !== undefined) parts.push(`${s.tokensPerSecond.toFixed(1)} tok/s`);
+  }
+  const lines = [`rest-lsp: ${state}${enabled ? "" : " (completions off)"}`];
+  if (detail) lines.push(detail);
+  if (s.model) lines.push(`model: ${s.model}`);
+  if (s.requests !== undefined) lines.push(`completions: ${s.requests}`);
+  if (s.acceptedPerStep !== undefined) lines.push(`accepted tokens per model step: ${s.acceptedPerStep.toFixed(2)}`);
+  if (s.tokensPerSecond !== undefined) lines.push(`tokens per second: ${s.tokensPerSecond.toFixed(1)}`);
+  if (s.cacheHits !== undefined) lines.push(`cache hits: ${s.cacheHits}`);
+  if (s.cancelled !== undefined) lines.push(`cancelled or superseded: ${s.cancelled}`);
+  if (s.indexProgress) lines.push(`indexed files: ${s.indexProgress.done} / ${s.indexProgress.total}`);
+  if (s.datastoreTokens !== undefined)
+    lines.push(`datastore: ${formatCount(s.datastoreTokens)} tokens${s.datastoreFiles !== undefined ? ` in ${s.datastoreFiles} files` : ""}`);
+  lines.push("Click for statistics");
+  return { text: parts.join(" "), tooltip: lines.join("\n") };
+}
+
+/** `rest/stats` as an indented, readable report for the output channel. */
+export function formatStatsReport(stats: unknown): string {
+  const lines: string[] = [];
+  const walk = (v: unknown, indent: string, key: string) => {
+    if (isObj(v)) {
+      lines.push(`${indent}${key}:`);
+      for (const [k, x] of Object.entries(v)) walk(x, indent + "  ", k);
+    } else if (Array.isArray(v) && v.some((x) => isObj(x))) {
+      lines.push(`${indent}${key}: (${v.length})`);
+      v.forEach((x, i) => walk(x, indent + "  ", `[${i}]`));
+    } else {
+      const shown = typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : JSON.stringify(v);
+      lines.push(`${indent}${key}: ${shown}`);
+    }
+  };
+  if (isObj(stats)) for (const [k, v] of Object.entries(stats)) walk(v, "", k);
+  else lines.push(JSON.stringify(stats));
+  return lines.join("\n");
+}

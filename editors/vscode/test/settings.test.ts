@@ -1,0 +1,79 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { didChangeConfigurationParams, documentSelector, readSettings, serverOptions } from "../src/settings";
+
+function getter(values: Record<string, unknown>) {
+  return <T>(key: string, fallback: T): T => (key in values ? (values[key] as T) : fallback);
+}
+
+test("defaults leave the server's own defaults in force", () => {
+  const opts = serverOptions(readSettings(getter({})));
+  assert.deepEqual(opts, {
+    model: null,
+    device: "auto",
+    precision: "auto",
+    corpus: null,
+    draftBudget: null,
+    indexWorkspace: true,
+    languages: null,
+  });
+});
+
+test("every server setting is sent under the server's camelCase key", () => {
+  const s = readSettings(
+    getter({
+      model: " /models/qwen ",
+      device: "cuda:1",
+      precision: "int8",
+      corpus: "/data/corpus.ds",
+      draftBudget: 16,
+      maxTokens: 96,
+      maxLines: 4,
+      timeBudgetMs: 800,
+      languages: ["python", "rust"],
+      exclude: ["**/gen/**"],
+      indexWorkspace: false,
+      requestLog: "/tmp/requests.jsonl",
+    }),
+  );
+  assert.deepEqual(serverOptions(s), {
+    model: "/models/qwen",
+    device: "cuda:1",
+    precision: "int8",
+    corpus: "/data/corpus.ds",
+    draftBudget: 16,
+    maxTokens: 96,
+    maxLines: 4,
+    timeBudgetMs: 800,
+    languages: ["python", "rust"],
+    exclude: ["**/gen/**"],
+    indexWorkspace: false,
+    requestLog: "/tmp/requests.jsonl",
+  });
+  assert.deepEqual(didChangeConfigurationParams(s), { settings: { restLsp: serverOptions(s) } });
+});
+
+test("a draft budget of 0 (plain decoding) is kept, invalid numbers are dropped", () => {
+  assert.equal(serverOptions(readSettings(getter({ draftBudget: 0 }))).draftBudget, 0);
+  const bad = readSettings(getter({ draftBudget: -3, maxTokens: "many", timeBudgetMs: Number.NaN }));
+  assert.equal(bad.draftBudget, null);
+  assert.equal(bad.maxTokens, null);
+  assert.equal("maxTokens" in serverOptions(bad), false);
+  assert.equal("timeBudgetMs" in serverOptions(bad), false);
+});
+
+test("server env keeps only string values; completions toggle defaults on", () => {
+  const s = readSettings(getter({ "server.env": { OMP_NUM_THREADS: "2", BAD: 3 }, "server.args": ["-v", 7] }));
+  assert.deepEqual(s.serverEnv, { OMP_NUM_THREADS: "2" });
+  assert.deepEqual(s.serverArgs, ["-v"]);
+  assert.equal(s.completionsEnabled, true);
+  assert.equal(readSettings(getter({ "completions.enabled": false })).completionsEnabled, false);
+});
+
+test("document selector: all files, or the configured languages", () => {
+  assert.deepEqual(documentSelector([]), [{ scheme: "file" }, { scheme: "untitled" }]);
+  assert.deepEqual(documentSelector(["python"]), [
+    { scheme: "file", language: "python" },
+    { scheme: "untitled", language: "python" },
+  ]);
+});
