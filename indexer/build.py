@@ -1,0 +1,229 @@
+"""Building a datastore from files: discover, read, tokenize in batches, join, suffix-sort, write."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import discover as disc
+from .manifest import (SHARD_DIR, Doc, pack_docs, read_manifest, remove_unreferenced, write_manifest,
+                       writer_lock)
+from .shard import join_documents, sentinel_for_width, width_for_vocab, write_shard
+from .store import content_hash
+from .types import IndexerError
+
+MAX_SHARD_TOKENS = 1 << 27  # 134M tokens: keeps one suffix sort's memory bounded
+BATCH_BYTES = 4 << 20
+
+
+def corpus_roots() -> list[Path]:
+    """The Python standard library and this environment's site-packages (no download needed)."""
+    import site
+    import sysconfig
+
+    roots = []
+    std = sysconfig.get_paths().get("stdlib")
+    if std:
+        roots.append(Path(std))
+    for p in list(site.getsitepackages()) + [sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")]:
+        if p and Path(p).is_dir() and Path(p) not in roots:
+            roots.append(Path(p))
+    return roots
+
+
+def corpus_filters() -> disc.Filters:
+    # The stdlib keeps site-packages inside it: index that root on its own, not twice; skip test suites.
+    ex = set(disc.EXCLUDED_DIRS) | {"test", "tests", "idlelib", "turtledemo", "lib2to3"}
+    return disc.Filters(languages=("python",), exclude_dirs=frozenset(ex))
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="indexing", file=sys.stderr)
+            except Exception:  # pragma: no cover
+                self.bar = None
+
+    def update(self, n):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filters: disc.Filters | None = None,
+                    corpus_from_env: bool = False, progress: bool = False,
+                    max_shard_tokens: int = MAX_SHARD_TOKENS, max_tokens: int | None = None) -> dict:
+    """Build a datastore at `out` from the documents under `roots` (and/or the default corpus),
+    replacing any datastore there only once the new one is complete. Returns a report."""
+    from .tokenizer import encode_batch, fingerprint, load_tokenizer, tokenizer_source
+
+    t_start = time.perf_counter()
+    roots = [Path(r).expanduser().absolute() for r in roots]
+    if corpus_from_env:
+        roots += [r for r in corpus_roots() if r not in roots]
+        filters = filters or corpus_filters()
+        kind = kind or "corpus"
+    kind = kind or "repository"
+    filters = filters or disc.Filters()
+    if not roots:
+        raise IndexerError("nothing to index: give ROOT paths or --corpus-from-env")
+    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    fp = fingerprint(tok)
+    width = width_for_vocab(fp["vocab_size"])
+    out = Path(out)
+    rep = disc.Report()
+    missing = [r for r in roots if not r.exists()]
+    if missing and len(missing) == len(roots):
+        raise IndexerError("no root exists: " + ", ".join(map(str, missing)))
+
+    # stdlib contains site-packages: walk each root once, excluding other roots nested in it
+    t0 = time.perf_counter()
+    cands, seen = [], set()
+    for r in roots:
+        for c in disc.walk([r], filters, rep):
+            k = str(c.path)
+            if k not in seen and not any(o != r and _under(c.path, o) for o in roots if _under(o, r)):
+                seen.add(k)
+                cands.append(c)
+    discover_s = time.perf_counter() - t0
+
+    with writer_lock(out):
+        try:
+            old = read_manifest(out)
+        except IndexerError:
+            old = None
+        next_shard = int(old.get("next_shard", 0)) if old else 0
+        shard_dir = out / SHARD_DIR
+        docs: dict[str, Doc] = {}
+        shard_metas = []
+        tokenize_s = sort_s = write_s = 0.0
+        undecodable = 0
+        pending_ids: list = []
+        pending_meta: list = []
+        pending_tokens = 0
+        total_tokens = 0
+        bar = _Progress(progress, sum(c.size for c in cands))
+
+        def flush_shard():
+            nonlocal next_shard, pending_ids, pending_meta, pending_tokens, sort_s, write_s
+            if not pending_ids:
+                return
+            arr, spans = join_documents(pending_ids, width)
+            sid = f"s{next_shard:06d}"
+            next_shard += 1
+            meta, tm = write_shard(shard_dir, sid, kind, arr, width, fp["vocab_size"])
+            sort_s += tm["sort_s"]
+            write_s += tm["write_s"]
+            shard_metas.append(meta)
+            for (key, size, mtime, h), (a, b) in zip(pending_meta, spans):
+                docs[key] = Doc(size, mtime, h, sid, a, b)
+            pending_ids, pending_meta, pending_tokens = [], [], 0
+
+        batch_text, batch_meta, batch_bytes = [], [], 0
+
+        def flush_batch():
+            nonlocal batch_text, batch_meta, batch_bytes, tokenize_s, pending_tokens, total_tokens
+            if not batch_text:
+                return
+            t = time.perf_counter()
+            ids = encode_batch(tok, batch_text)
+            arrs = [np.array(x, dtype=np.int64) for x in ids]
+            tokenize_s += time.perf_counter() - t
+            for a, meta in zip(arrs, batch_meta):
+                if pending_tokens + a.size + 1 > max_shard_tokens and pending_ids:
+                    flush_shard()
+                pending_ids.append(a)
+                pending_meta.append(meta)
+                pending_tokens += a.size + 1
+                total_tokens += a.size
+            bar.update(batch_bytes)
+            batch_text, batch_meta, batch_bytes = [], [], 0
+
+        try:
+            for c in cands:
+                if max_tokens is not None and total_tokens >= max_tokens:
+                    rep.skip("token_limit")
+                    continue
+                try:
+                    text, raw, bad, skip = disc.read_text(c.path, filters.max_file_size)
+                except FileNotFoundError:
+                    rep.skip("vanished")
+                    continue
+                except OSError as e:
+                    rep.skip("unreadable")
+                    rep.errors.append(f"cannot read {c.path}: {e.strerror or e}")
+                    continue
+                if skip is not None:
+                    rep.skip(skip)
+                    continue
+                undecodable += bad
+                if bad:
+                    rep.skip("files_with_undecodable_bytes_replaced")
+                batch_text.append(text)
+                batch_meta.append((str(c.path), len(raw), c.mtime_ns, content_hash(raw)))
+                batch_bytes += len(raw)
+                if batch_bytes >= BATCH_BYTES:
+                    flush_batch()
+            flush_batch()
+            flush_shard()
+        finally:
+            bar.close()
+        m = {
+            "kind": kind,
+            "created": time.time(),
+            "build_time_s": time.perf_counter() - t_start,
+            "tokenizer": fp,
+            "tokenizer_source": tokenizer_source(tok),
+            "width": width,
+            "sentinel": sentinel_for_width(width),
+            "roots": [str(r) for r in roots],
+            "filters": filters.to_dict(),
+            "next_shard": next_shard,
+            "generation": (int(old.get("generation", 0)) + 1) if old else 1,
+            "shards": shard_metas,
+            "docs": pack_docs(docs),
+            "stats": {"documents": len(docs), "tokens": total_tokens},
+        }
+        write_manifest(out, m)
+        keep = {s["files"][f]["name"] for s in shard_metas for f in ("tok", "sa")}
+        remove_unreferenced(out, keep)
+    size = sum(s["files"][f]["size"] for s in shard_metas for f in ("tok", "sa"))
+    return {
+        "out": str(out),
+        "kind": kind,
+        "documents": len(docs),
+        "tokens": total_tokens,
+        "shards": len(shard_metas),
+        "bytes_on_disk": size,
+        "bytes_per_token": round(size / total_tokens, 3) if total_tokens else 0.0,
+        "seconds": round(time.perf_counter() - t_start, 3),
+        "discover_s": round(discover_s, 3),
+        "tokenize_s": round(tokenize_s, 3),
+        "sort_s": round(sort_s, 3),
+        "write_s": round(write_s, 3),
+        "tokens_per_s_tokenize": round(total_tokens / tokenize_s) if tokenize_s else None,
+        "tokens_per_s_sort": round(total_tokens / sort_s) if sort_s else None,
+        "undecodable_chars": undecodable,
+        "skipped": rep.skipped,
+        "errors": rep.errors,
+        "tokenizer": fp,
+        "width": width,
+    }
+
+
+def _under(p: Path, root: Path) -> bool:
+    try:
+        Path(p).relative_to(root)
+        return True
+    except ValueError:
+        return False

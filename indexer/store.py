@@ -1,0 +1,661 @@
+"""The datastore: one directory of suffix-array shards plus in-memory live shards, searched together.
+
+    ds = Datastore.open(".rest-index")                 # mmap; checksums verified
+    ds.set_live("buffer:///a.py", ids)                 # open editor buffers, generated text
+    r = ds.search(context_ids)                          # SearchResult (indexer.types)
+    ds.update_paths([changed_file])                     # delta shard + masking, atomic
+
+Readers never lock. Writers (update_paths, sync, compact, build) hold the directory's writer lock, write
+new shard files first and the manifest last, each through a temporary file, fsync and rename, and only
+then delete files that the new manifest no longer names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import discover as disc
+from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
+                       remove_unreferenced, unpack_docs, write_manifest, writer_lock)
+from .shard import ScanShard, Shard, join_documents, sentinel_for_width, width_for_vocab, write_shard
+from .types import (Continuation, CorruptShard, IndexerError, SearchResult, TokenizerMismatch)
+
+DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
+MERGE_FANOUT = 4  # shards of one size class that trigger a merge (log-structured, size-tiered)
+LEVEL_BASE_TOKENS = 1 << 16  # size class 0: shards below 64k tokens
+REFRESH_INTERVAL_S = 0.5
+
+
+def _level(tokens: int) -> int:
+    lvl, size = 0, LEVEL_BASE_TOKENS
+    while tokens >= size:
+        lvl += 1
+        size *= MERGE_FANOUT
+    return lvl
+
+
+def content_hash(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+class Datastore:
+    """Search over a datastore directory (may be None: live shards only) and any attached stores."""
+
+    def __init__(self, path: Path | None, manifest: dict, shards: list[Shard], *, weights=None,
+                 tokenizer=None, auto_refresh: bool = True):
+        self.path = Path(path) if path is not None else None
+        self.weights = dict(DEFAULT_WEIGHTS)
+        self.weights.update(weights or {})
+        self._lock = threading.RLock()
+        self._tokenizer = tokenizer
+        self._live: dict[str, Shard] = {}
+        self._attached: list[Datastore] = []
+        self._auto_refresh = auto_refresh and path is not None
+        self._next_refresh = 0.0
+        self._install(manifest, shards)
+        self._sig = manifest_signature(self.path) if self.path is not None else None
+
+    # ---- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path, *, tokenizer=None, weights: dict | None = None, verify: bool = True,
+             repair: bool = False, attach: Iterable = (), auto_refresh: bool = True) -> "Datastore":
+        """Open a datastore directory. `tokenizer` (name, path or tokenizer object) must have the
+        vocabulary the store was built with (TokenizerMismatch otherwise). `verify` checks every shard's
+        sha256; a damaged shard raises CorruptShard unless `repair`, which drops it and re-indexes its
+        documents from their files. `attach`: more datastore directories searched together (read-only)."""
+        path = Path(path)
+        m = read_manifest(path)
+        tok_obj = None
+        if tokenizer is not None:
+            tok_obj, given = _fingerprint_of(tokenizer)
+            from .tokenizer import same_vocabulary
+
+            if not same_vocabulary(m["tokenizer"], given):
+                raise TokenizerMismatch(m["tokenizer"], given)
+        w = dict(DEFAULT_WEIGHTS)
+        w.update(weights or {})
+        shards, bad = [], []
+        for meta in m["shards"]:
+            try:
+                shards.append(Shard.load(path / SHARD_DIR, meta, m["width"], weight=w.get(meta["kind"], 1.0),
+                                         verify=verify))
+            except CorruptShard:
+                if not repair:
+                    raise
+                bad.append(meta["id"])
+        ds = cls(path, m, shards, weights=weights, tokenizer=tok_obj, auto_refresh=auto_refresh)
+        if bad:
+            ds._repair(bad)
+        for other in attach:
+            ds.attach(other, verify=verify)
+        return ds
+
+    @classmethod
+    def memory(cls, tokenizer=None, *, vocab_size: int | None = None, weights: dict | None = None) -> "Datastore":
+        """A store without a directory: live shards only (tests, generated text)."""
+        fp = None
+        tok_obj = None
+        if tokenizer is not None:
+            tok_obj, fp = _fingerprint_of(tokenizer)
+            vocab_size = fp["vocab_size"]
+        if vocab_size is None:
+            raise ValueError("give a tokenizer or a vocab_size")
+        width = width_for_vocab(vocab_size)
+        m = {"format": 1, "kind": "memory", "tokenizer": fp or {"name": None, "vocab_hash": None,
+             "vocab_size": vocab_size}, "width": width, "sentinel": sentinel_for_width(width), "shards": [],
+             "docs": pack_docs({}), "roots": [], "filters": None}
+        return cls(None, m, [], weights=weights, tokenizer=tok_obj)
+
+    @classmethod
+    def build(cls, roots, path, **kw) -> "Datastore":
+        """Build (or rebuild) a datastore from the files under roots, then open it."""
+        from .build import build_datastore
+
+        open_kw = {k: kw.pop(k) for k in ("weights", "attach") if k in kw}
+        build_datastore(roots, path, **kw)
+        return cls.open(path, verify=False, **open_kw)
+
+    def attach(self, other, *, verify: bool = True) -> "Datastore":
+        """Search another datastore together with this one (e.g. the corpus next to a repository)."""
+        if not isinstance(other, Datastore):
+            other = Datastore.open(other, verify=verify, weights=self.weights)
+        from .tokenizer import same_vocabulary
+
+        if self._manifest["tokenizer"].get("vocab_hash") and not same_vocabulary(
+                self._manifest["tokenizer"], other._manifest["tokenizer"]):
+            raise TokenizerMismatch(other._manifest["tokenizer"], self._manifest["tokenizer"])
+        if other.width != self.width:
+            raise IndexerError("attached datastore has a different token width")
+        with self._lock:
+            self._attached.append(other)
+            self._rebuild_snapshot()
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            self._shards = []
+            self._live = {}
+            self._attached = []
+            self._snapshot = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    # ---- state -----------------------------------------------------------------------------------
+    def _install(self, manifest: dict, shards: list[Shard]) -> None:
+        with self._lock:
+            self._manifest = manifest
+            self.width = int(manifest["width"])
+            self.sentinel = sentinel_for_width(self.width)
+            self._docs: dict[str, Doc] = unpack_docs(manifest["docs"])
+            self._shards = shards
+            self._rebuild_snapshot()
+
+    def _rebuild_snapshot(self) -> None:
+        snap = [s for s in self._shards if s.n]
+        for a in self._attached:
+            snap += [s for s in a._shards if s.n]
+        snap += [s for s in self._live.values() if s.n]
+        snap.sort(key=lambda s: -s.n)
+        self._snapshot = tuple(snap)
+
+    @property
+    def manifest(self) -> dict:
+        return self._manifest
+
+    @property
+    def kind(self) -> str:
+        return self._manifest.get("kind", "repository")
+
+    @property
+    def fingerprint(self) -> dict:
+        return dict(self._manifest["tokenizer"])
+
+    @property
+    def documents(self) -> dict[str, Doc]:
+        return self._docs
+
+    @property
+    def tokenizer(self):
+        """The store's tokenizer (loaded on first use from what the manifest names)."""
+        if self._tokenizer is None:
+            from .tokenizer import load_tokenizer
+
+            src = self._manifest.get("tokenizer_source")
+            tok = load_tokenizer(src)
+            _, fp = _fingerprint_of(tok)
+            from .tokenizer import same_vocabulary
+
+            if not same_vocabulary(self._manifest["tokenizer"], fp):
+                raise TokenizerMismatch(self._manifest["tokenizer"], fp)
+            self._tokenizer = tok
+        return self._tokenizer
+
+    def live_names(self) -> list[str]:
+        return list(self._live)
+
+    # ---- search ----------------------------------------------------------------------------------
+    def search(self, context: Sequence[int], *, n_max: int = 16, n_min: int = 2, k: int = 5000,
+               max_len: int = 10) -> SearchResult:
+        """Longest suffix of `context` (n_max down to n_min tokens) that occurs in any shard, and up to
+        k of its occurrences' continuations (up to max_len tokens, never past a document's end), spread
+        evenly over the whole match range of each shard, merged with each shard's weight."""
+        if self._auto_refresh:
+            now = time.monotonic()
+            if now >= self._next_refresh:
+                self._next_refresh = now + REFRESH_INTERVAL_S
+                try:
+                    self.refresh()
+                except Exception:  # keep serving the state we have
+                    pass
+        shards = self._snapshot
+        if n_max <= 0 or not shards:
+            return SearchResult(0, 0, [])
+        ctx = [int(x) for x in list(context[-n_max:])] if len(context) else []
+        s = self.sentinel
+        for i in range(len(ctx) - 1, -1, -1):
+            if not 0 <= ctx[i] < s:
+                ctx = ctx[i + 1:]
+                break
+        n_min = max(1, n_min)
+        m = len(ctx)
+        if m < n_min:
+            return SearchResult(0, 0, [])
+        w = self.width
+        cb = struct.pack(f">{m}{'H' if w == 2 else 'I'}", *ctx)
+        best, hits = 0, []
+        for sh in shards:
+            nl = sh.longest(cb, max(n_min, best), m)
+            if nl == 0:
+                continue
+            if nl > best:
+                best, hits = nl, [sh]
+            else:
+                hits.append(sh)
+        if best == 0:
+            return SearchResult(0, 0, [])
+        p = cb[-best * w:]
+        info = []
+        total = 0
+        for sh in hits:
+            c, lo, hi = sh.count(p)
+            if c > 0:
+                info.append((sh, c, lo, hi))
+                total += c
+        if k <= 0 or max_len <= 0:
+            return SearchResult(best, total, [])
+        parts = []
+        for sh, c, lo, hi in info:
+            quota = (hi - lo) if total <= k else max(1, round(k * c / total))
+            pos = sh.sample(lo, hi, quota)
+            uniq, lengths, counts = sh.continuations(pos, best, max_len)
+            parts.append((sh.weight, uniq, lengths, counts))
+        if len(parts) == 1:
+            wt, uniq, lengths, counts = parts[0]
+            keep = lengths > 0
+            uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
+            order = np.argsort(-counts, kind="stable")  # rows are in token order already: ties by tokens
+            rows = uniq[order].tolist()
+            conts = [Continuation(tuple(r[:ln]), c, c * wt) for r, ln, c in
+                     zip(rows, lengths[order].tolist(), counts[order].tolist())]
+            return SearchResult(best, total, conts)
+        acc: dict[tuple, list] = {}
+        for wt, uniq, lengths, counts in parts:
+            for r, ln, c in zip(uniq.tolist(), lengths.tolist(), counts.tolist()):
+                if ln <= 0:
+                    continue
+                t = tuple(r[:ln])
+                a = acc.get(t)
+                if a is None:
+                    acc[t] = [c, c * wt]
+                else:
+                    a[0] += c
+                    a[1] += c * wt
+        conts = [Continuation(t, c, wv) for t, (c, wv) in acc.items()]
+        conts.sort(key=lambda x: (-x.weight, -x.count, x.tokens))
+        return SearchResult(best, total, conts)
+
+    # ---- live shards -----------------------------------------------------------------------------
+    def set_live(self, name: str, tokens: Sequence[int], *, weight: float | None = None) -> None:
+        """Replace the live shard `name` (an open buffer, generated text) with these tokens."""
+        sh = ScanShard(name, "live", tokens, self.width, weight=self.weights["live"] if weight is None else weight)
+        with self._lock:
+            self._live[name] = sh
+            self._rebuild_snapshot()
+
+    def drop_live(self, name: str) -> None:
+        with self._lock:
+            if self._live.pop(name, None) is not None:
+                self._rebuild_snapshot()
+
+    # ---- refresh (another process wrote the directory) ---------------------------------------------
+    def refresh(self, *, verify: bool = True) -> bool:
+        """Reload the manifest if another writer changed it; unchanged shards stay mapped."""
+        if self.path is None:
+            return False
+        sig = manifest_signature(self.path)
+        if sig is None or sig == self._sig:
+            return False
+        with self._lock:
+            sig = manifest_signature(self.path)
+            if sig == self._sig:
+                return False
+            m = read_manifest(self.path)
+            self._load_from_manifest(m, verify=verify)
+            self._sig = sig
+            return True
+
+    def _load_from_manifest(self, m: dict, *, verify: bool) -> None:
+        if self._manifest.get("tokenizer", {}).get("vocab_hash") != m["tokenizer"].get("vocab_hash") or \
+                m["width"] != self.width:
+            self._tokenizer = None
+        old = {s.id: s for s in self._shards}
+        shards = []
+        for meta in m["shards"]:
+            s = old.get(meta["id"])
+            dead = [tuple(x) for x in meta.get("dead", [])]
+            if s is not None and s.n == meta["tokens"]:
+                if dead != s.dead:
+                    s = dataclasses.replace(s, dead=dead)
+            else:
+                s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(meta["kind"], 1.0),
+                               verify=verify)
+            shards.append(s)
+        self._install(m, shards)
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def _require_dir(self):
+        if self.path is None:
+            raise IndexerError("this datastore has no directory (Datastore.memory): nothing to update")
+
+    def _reload_locked(self) -> None:
+        """Under the writer lock: pick up another writer's manifest before changing anything."""
+        sig = manifest_signature(self.path)
+        if sig != self._sig:
+            self._load_from_manifest(read_manifest(self.path), verify=False)
+            self._sig = sig
+
+    def _next_id(self, m: dict) -> str:
+        n = int(m.get("next_shard", 0))
+        m["next_shard"] = n + 1
+        return f"s{n:06d}"
+
+    def _filters(self) -> disc.Filters:
+        f = getattr(self, "_filters_obj", None)
+        if f is None or self._filters_src is not self._manifest.get("filters"):
+            self._filters_src = self._manifest.get("filters")
+            f = self._filters_obj = disc.Filters.from_dict(self._filters_src)
+            self._rules = disc.IgnoreRules(f)
+        return f
+
+    def update_paths(self, paths: Iterable[Path]) -> dict:
+        """Re-read these files or folders (changed, created, deleted, renamed): the old content of a
+        changed or deleted document is masked in its shard, new content goes into a delta shard, and
+        small shards merge (log-structured). Returns a summary {"added", "removed", "unchanged", ...}."""
+        self._require_dir()
+        t0 = time.perf_counter()
+        with writer_lock(self.path), self._lock:
+            self._reload_locked()
+            return self._update_locked([Path(p) for p in paths], t0)
+
+    def sync(self) -> dict:
+        """Bring the store up to date with its roots (a full scan comparing size and mtime)."""
+        self._require_dir()
+        t0 = time.perf_counter()
+        with writer_lock(self.path), self._lock:
+            self._reload_locked()
+            filters = self._filters()
+            rep = disc.Report()
+            seen = {}
+            for c in disc.walk(self._manifest["roots"], filters, rep, self._rules):
+                seen[str(c.path)] = c
+            stale = [Path(p) for p, d in self._docs.items() if p not in seen]
+            changed = [c.path for p, c in seen.items()
+                       if p not in self._docs or (self._docs[p].size, self._docs[p].mtime_ns) != (c.size, c.mtime_ns)]
+            out = self._update_locked(stale + changed, t0, known=seen)
+            out["errors"] = out.get("errors", []) + rep.errors
+            return out
+
+    def _update_locked(self, paths: list[Path], t0: float, known: dict | None = None) -> dict:
+        m = dict(self._manifest)
+        roots = [Path(r) for r in m.get("roots", [])]
+        filters = self._filters()
+        rules = self._rules
+        docs = dict(self._docs)
+        dead_add: dict[str, list] = {}
+        summary = {"added": 0, "changed": 0, "removed": 0, "unchanged": 0, "errors": [], "undecodable": 0}
+
+        def remove(key: str) -> bool:
+            d = docs.pop(key, None)
+            if d is not None:
+                dead_add.setdefault(d.shard, []).append((d.start, d.end))
+                return True
+            return False
+
+        cands: dict[str, disc.Candidate] = {}
+        for p in paths:
+            p = p.absolute()
+            key = str(p)
+            if known is not None and key in known:
+                cands[key] = known[key]
+                continue
+            if p.is_dir():
+                found = {}
+                for root in roots:
+                    try:
+                        p.relative_to(root)
+                    except ValueError:
+                        continue
+                    ok_dir = all(not part.startswith("\0") for part in p.parts)
+                    if ok_dir:
+                        for c in disc.walk([p], filters, disc.Report(), rules):
+                            ok, _ = disc.is_document(c.path, roots, filters, rules)
+                            if ok:
+                                found[str(c.path)] = c
+                prefix = key.rstrip(os.sep) + os.sep
+                for k2 in [k2 for k2 in docs if k2.startswith(prefix) and k2 not in found]:
+                    summary["removed"] += remove(k2)
+                cands.update(found)
+            elif p.is_file():
+                ok, root = disc.is_document(p, roots, filters, rules)
+                if not ok:
+                    summary["removed"] += remove(key)
+                    continue
+                try:
+                    st = p.stat()
+                except OSError:
+                    summary["removed"] += remove(key)
+                    continue
+                if st.st_size > filters.max_file_size:
+                    summary["removed"] += remove(key)
+                    continue
+                cands[key] = disc.Candidate(p, root, st.st_size, st.st_mtime_ns)
+            else:
+                summary["removed"] += remove(key)
+                prefix = key.rstrip(os.sep) + os.sep
+                for k2 in [k2 for k2 in docs if k2.startswith(prefix)]:
+                    summary["removed"] += remove(k2)
+
+        new: list[tuple] = []
+        touched_meta = False
+        for key, c in cands.items():
+            d = docs.get(key)
+            if d is not None and d.size == c.size and d.mtime_ns == c.mtime_ns:
+                summary["unchanged"] += 1
+                continue
+            try:
+                text, raw, bad, skip = disc.read_text(c.path, filters.max_file_size)
+            except FileNotFoundError:
+                summary["removed"] += remove(key)
+                continue
+            except OSError as e:  # unreadable now: keep serving what we had
+                summary["errors"].append(f"{c.path}: {e.strerror or e}")
+                continue
+            if skip is not None:
+                summary["removed"] += remove(key)
+                continue
+            h = content_hash(raw)
+            if d is not None and d.hash == h:
+                docs[key] = dataclasses.replace(d, size=len(raw), mtime_ns=c.mtime_ns)
+                touched_meta = True
+                summary["unchanged"] += 1
+                continue
+            summary["undecodable"] += bad
+            if remove(key):
+                summary["changed"] += 1
+            else:
+                summary["added"] += 1
+            new.append((key, len(raw), c.mtime_ns, h, text))
+
+        if not new and not dead_add and not touched_meta:
+            summary["seconds"] = time.perf_counter() - t0
+            return summary
+
+        shard_dir = self.path / SHARD_DIR
+        metas = {s["id"]: dict(s) for s in m["shards"]}
+        order = [s["id"] for s in m["shards"]]
+        if new:
+            from .tokenizer import encode_batch
+
+            ids = encode_batch(self.tokenizer, [t for *_, t in new])
+            arr, spans = join_documents(ids, self.width)
+            sid = self._next_id(m)
+            meta, _ = write_shard(shard_dir, sid, m.get("kind", "repository"), arr, self.width,
+                                  m["tokenizer"].get("vocab_size"))
+            metas[sid] = meta
+            order.append(sid)
+            for (key, size, mtime, h, _), (a, b) in zip(new, spans):
+                docs[key] = Doc(size, mtime, h, sid, a, b)
+        for sid, spans in dead_add.items():
+            if sid in metas:
+                md = metas[sid]
+                md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
+        self._merge(m, metas, order, docs, shard_dir)
+        m["shards"] = [metas[s] for s in order]
+        m["docs"] = pack_docs(docs)
+        m["generation"] = int(m.get("generation", 0)) + 1
+        m["stats"] = _stats_of(docs)
+        self._commit(m)
+        summary["shards"] = len(order)
+        summary["seconds"] = time.perf_counter() - t0
+        return summary
+
+    def _merge(self, m: dict, metas: dict, order: list, docs: dict, shard_dir: Path) -> None:
+        """Drop empty shards, compact mostly-dead ones, merge size classes with MERGE_FANOUT shards."""
+        alive_docs: dict[str, int] = {}
+        for d in docs.values():
+            alive_docs[d.shard] = alive_docs.get(d.shard, 0) + 1
+        for sid in list(order):
+            if alive_docs.get(sid, 0) == 0:
+                order.remove(sid)
+                metas.pop(sid, None)
+        while True:
+            groups: dict[int, list[str]] = {}
+            compact = None
+            for sid in order:
+                md = metas[sid]
+                dead = sum(b - a + 1 for a, b in md.get("dead", []))
+                if md["tokens"] > 4096 and dead * 2 > md["tokens"]:
+                    compact = [sid]
+                    break
+                groups.setdefault(_level(md["tokens"] - dead), []).append(sid)
+            todo = compact or next((g for _, g in sorted(groups.items()) if len(g) >= MERGE_FANOUT), None)
+            if not todo:
+                return
+            self._merge_group(m, metas, order, docs, shard_dir, todo)
+
+    def _merge_group(self, m, metas, order, docs, shard_dir, group: list[str]) -> None:
+        by_id = {s.id: s for s in self._shards}
+        members = set(group)
+        sel = sorted(((group.index(d.shard), d.start, key) for key, d in docs.items() if d.shard in members))
+        toks = []
+        for _, _, key in sel:
+            d = docs[key]
+            sh = by_id.get(d.shard)
+            if sh is None:  # written in this same update: load it
+                sh = Shard.load(shard_dir, metas[d.shard], self.width, verify=False)
+                by_id[sh.id] = sh
+            toks.append(np.asarray(sh.tok[d.start:d.end]))
+        arr, spans = join_documents(toks, self.width)
+        sid = self._next_id(m)
+        meta, _ = write_shard(shard_dir, sid, m.get("kind", "repository"), arr, self.width,
+                              m["tokenizer"].get("vocab_size"))
+        for (_, _, key), (a, b) in zip(sel, spans):
+            docs[key] = dataclasses.replace(docs[key], shard=sid, start=a, end=b)
+        pos = min(order.index(g) for g in group)
+        for g in group:
+            order.remove(g)
+            metas.pop(g, None)
+        order.insert(pos, sid)
+        metas[sid] = meta
+
+    def _commit(self, m: dict) -> None:
+        """Manifest last; then swap the in-memory view; then delete what nothing names any more."""
+        write_manifest(self.path, m)
+        self._sig = manifest_signature(self.path)
+        self._load_from_manifest(m, verify=False)
+        keep = set()
+        for s in m["shards"]:
+            keep.add(s["files"]["tok"]["name"])
+            keep.add(s["files"]["sa"]["name"])
+        remove_unreferenced(self.path, keep)
+
+    def compact(self) -> dict:
+        """Merge every shard into one, dropping masked documents."""
+        self._require_dir()
+        with writer_lock(self.path), self._lock:
+            self._reload_locked()
+            m = dict(self._manifest)
+            docs = dict(self._docs)
+            metas = {s["id"]: dict(s) for s in m["shards"]}
+            order = [s["id"] for s in m["shards"]]
+            if len(order) > 1 or any(metas[s].get("dead") for s in order):
+                self._merge_group(m, metas, order, docs, self.path / SHARD_DIR, list(order))
+                m["shards"] = [metas[s] for s in order]
+                m["docs"] = pack_docs(docs)
+                m["generation"] = int(m.get("generation", 0)) + 1
+                self._commit(m)
+            return self.stats()
+
+    def _repair(self, bad: list[str]) -> None:
+        """Drop damaged shards and re-index their documents from the files."""
+        with writer_lock(self.path), self._lock:
+            m = read_manifest(self.path)
+            docs = unpack_docs(m["docs"])
+            lost = [p for p, d in docs.items() if d.shard in bad]
+            for p in lost:
+                del docs[p]
+            m["shards"] = [s for s in m["shards"] if s["id"] not in bad]
+            m["docs"] = pack_docs(docs)
+            m["generation"] = int(m.get("generation", 0)) + 1
+            write_manifest(self.path, m)
+            self._sig = manifest_signature(self.path)
+            self._load_from_manifest(m, verify=False)
+            self._repaired = {"shards": bad, "documents": len(lost)}
+            if lost:
+                self._update_locked([Path(p) for p in lost], time.perf_counter())
+
+    # ---- reporting -------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        tokens = sum(d.end - d.start for d in self._docs.values())
+        size = 0
+        if self.path is not None:
+            for f in [self.path / MANIFEST] + [self.path / SHARD_DIR / n for s in self._shards for n in s.files]:
+                try:
+                    size += f.stat().st_size
+                except OSError:
+                    pass
+        stored = sum(s.n for s in self._shards)
+        return {
+            "tokens": tokens,
+            "documents": len(self._docs),
+            "bytes_on_disk": size,
+            "bytes_per_token": round(size / tokens, 3) if tokens else 0.0,
+            "shards": len(self._shards),
+            "kind": self.kind,
+            "width": self.width,
+            "stored_tokens": stored,
+            "dead_tokens": sum(s.dead_tokens for s in self._shards),
+            "live_shards": len(self._live),
+            "tokenizer": self.fingerprint,
+            "generation": self._manifest.get("generation", 0),
+        }
+
+    def verify(self) -> list[str]:
+        """Re-check every shard's checksum; returns the problems found (empty: all good)."""
+        problems = []
+        if self.path is None:
+            return problems
+        for meta in self._manifest["shards"]:
+            try:
+                Shard.load(self.path / SHARD_DIR, meta, self.width, verify=True)
+            except CorruptShard as e:
+                problems.append(str(e))
+        return problems
+
+
+def _stats_of(docs: dict) -> dict:
+    return {"documents": len(docs), "tokens": sum(d.end - d.start for d in docs.values())}
+
+
+def _fingerprint_of(tokenizer):
+    """(tokenizer object or None, fingerprint dict) from a name/path, a tokenizer object or a dict."""
+    from .tokenizer import fingerprint, load_tokenizer
+
+    if isinstance(tokenizer, dict):
+        return None, tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tok = load_tokenizer(tokenizer)
+        return tok, fingerprint(tok)
+    return tokenizer, fingerprint(tokenizer)

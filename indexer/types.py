@@ -1,0 +1,57 @@
+"""Result types and errors shared by the indexer and its callers (the engine's draft sources)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Continuation:
+    tokens: tuple[int, ...]  # up to max_len tokens that followed the matched suffix (never crosses a document)
+    count: int  # raw occurrences (summed over shards; among the sampled occurrences when sampling)
+    weight: float  # sum over shards of count * shard weight
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    match_len: int  # longest context suffix found (0: none)
+    count: int  # occurrences of that suffix over all shards (exact, not sampled)
+    continuations: list[Continuation] = field(default_factory=list)  # distinct, heaviest first
+
+
+class IndexerError(Exception):
+    """Base class of the indexer's errors: each carries a message meant for a person."""
+
+
+class DatastoreNotFound(IndexerError):
+    pass
+
+
+class TokenizerMismatch(IndexerError):
+    def __init__(self, stored: dict, given: dict):
+        self.stored = stored
+        self.given = given
+        super().__init__(
+            f"the datastore was built with tokenizer {stored.get('name')!r} "
+            f"(vocab {stored.get('vocab_size')}, hash {str(stored.get('vocab_hash'))[:12]}) but "
+            f"tokenizer {given.get('name')!r} (vocab {given.get('vocab_size')}, hash "
+            f"{str(given.get('vocab_hash'))[:12]}) was requested; rebuild the datastore with that tokenizer"
+        )
+
+
+class CorruptShard(IndexerError):
+    def __init__(self, shard_id: str, file: str, reason: str):
+        self.shard_id = shard_id
+        self.file = file
+        self.reason = reason
+        super().__init__(
+            f"shard {shard_id} is damaged ({file}: {reason}); it is not served. Rebuild the datastore "
+            f"(rest-index build ...) or open it with repair=True to re-index the affected documents"
+        )
+
+
+class CorruptManifest(IndexerError):
+    pass
+
+
+class TokenOutOfRange(IndexerError):
+    pass
