@@ -1,0 +1,264 @@
+"""The model host: load a causal LM, pick device and precision, attach its FIM prompt format.
+
+    load_model(spec=None, device="auto", precision="auto") -> LoadedModel
+
+`spec` is one of
+    None                 the embedded Qwen2.5-Coder-0.5B-Instruct (indexer/embedded.py assembles its GGUF)
+    a directory          a Hugging Face checkpoint (config.json + weights + tokenizer)
+    a .gguf file         converted once into a safetensors directory in the user cache, then loaded from there
+    a hub id             "org/name", fetched by transformers where the network allows
+
+Device "auto" is CUDA when available, else CPU. Precision "auto" is bf16 on CUDA (fp16 where the GPU has
+no bf16) and fp32 on CPU; "int8" (CPU only) applies dynamic int8 quantization to every nn.Linear.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .prompts import FimFormat, build_prompt, context_limit, resolve_fim, stop_token_ids
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found, fetched, converted or loaded; the message says which and why."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any                     # transformers PreTrainedModel, eval mode
+    tokenizer: Any                 # transformers PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype             # activation dtype (fp32 for int8 dynamic quantization)
+    precision: str                 # "fp32" | "int8" | "bf16" | "fp16"
+    name: str
+    fim: FimFormat | None
+    path: Path | None = None       # the directory the weights were loaded from (None: hub cache)
+    context_length: int | None = None
+    stop_ids: list[int] = field(default_factory=list)   # eos + the FIM family's end-of-infill tokens
+
+    def build_prompt(self, prefix: str, suffix: str | None = None, *, max_new_tokens: int = 0,
+                     fim: bool = True) -> list[int]:
+        """Prompt ids for the cursor between prefix and suffix, fitted to the context minus max_new_tokens."""
+        budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens)
+        return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, max_tokens=budget)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0]) if self.precision != "int8" \
+            else int(self.model.config.vocab_size)
+
+
+# ---------------------------------------------------------------------------------------- device
+def resolve_device(device: str = "auto") -> torch.device:
+    if device in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    d = torch.device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+    if d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelLoadError(f"device {device!r} requested but MPS is not available")
+    return d
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision not in PRECISIONS:
+        raise ModelLoadError(f"unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if device.type == "mps":
+            return "fp16"
+        return "fp32"
+    if precision == "int8" and device.type != "cpu":
+        raise ModelLoadError("precision int8 (dynamic quantization) runs on the CPU only; "
+                             f"use bf16/fp16 on {device.type}")
+    return precision
+
+
+# ---------------------------------------------------------------------------------------- GGUF cache
+def _cache_root() -> Path:
+    from indexer.embedded import cache_root
+
+    return cache_root()
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    """Where a GGUF's converted safetensors copy lives: keyed by its resolved path, size and mtime."""
+    gguf = Path(gguf).resolve()
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in gguf.stem)[:60]
+    return _cache_root() / "converted" / f"{stem}-{key}"
+
+
+def _default_gguf_loader(gguf: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # the dequantized weights are plain tensors: drop the GGUF quantizer so save_pretrained writes them
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
+                 loader: Callable[[Path, Path], None] = _default_gguf_loader) -> Path:
+    """Convert a GGUF file into a safetensors model directory once; return the directory.
+
+    Atomic: the conversion writes into a temporary sibling directory that is renamed into place only when
+    complete, under a file lock, so a killed or failed conversion never leaves a half-written cache entry."""
+    from indexer.embedded import file_lock
+
+    gguf = Path(gguf).expanduser().resolve()
+    if not gguf.is_file():
+        raise ModelLoadError(f"no such GGUF file: {gguf}")
+    dest = Path(dest) if dest is not None else gguf_cache_dir(gguf)
+    if (dest / "config.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(dest.with_name(dest.name + ".lock")):
+        if (dest / "config.json").is_file():
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent))
+        try:
+            print(f"rest-lsp: converting {gguf.name} into a safetensors cache (once; about 100 s on a "
+                  "small CPU)", file=sys.stderr, flush=True)
+            try:
+                loader(gguf, tmp)
+            except ModelLoadError:
+                raise
+            except Exception as e:
+                raise ModelLoadError(f"could not convert GGUF {gguf}: {type(e).__name__}: {e}") from e
+            if not (tmp / "config.json").is_file():
+                raise ModelLoadError(f"converting {gguf} produced no config.json")
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return dest
+
+
+def embedded_model_dir() -> Path:
+    """The embedded model as a safetensors directory in the cache (assembling and converting on first use)."""
+    from indexer.embedded import GGUF_SHA256, embedded_dir, gguf_path
+
+    gguf = gguf_path()
+    return convert_gguf(gguf, embedded_dir() / f"hf-{GGUF_SHA256[:12]}")
+
+
+# ---------------------------------------------------------------------------------------- loading
+def _looks_like_path(spec: str) -> bool:
+    return (spec.startswith((".", "/", "~", "\\")) or spec.lower().endswith(".gguf")
+            or os.path.isabs(spec) or spec.count("/") > 1 or (os.sep != "/" and os.sep in spec))
+
+
+def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
+    """-> (kind, location): kind in "dir" | "hub"."""
+    if spec is None:
+        return "dir", embedded_model_dir()
+    s = os.fspath(spec)
+    p = Path(s).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{p} is a directory but not a Hugging Face model (no config.json)")
+        return "dir", p
+    if p.is_file():
+        if p.suffix.lower() == ".gguf":
+            return "dir", convert_gguf(p)
+        raise ModelLoadError(f"{p} is neither a model directory nor a .gguf file")
+    if _looks_like_path(s):
+        raise ModelLoadError(f"no such model: {s} (not an existing directory or .gguf file)")
+    return "hub", s
+
+
+def _load_tokenizer(location, kind: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(location))
+    except Exception as e:
+        if kind == "hub":
+            raise ModelLoadError(
+                f"{location!r} is not a local model directory or .gguf file, and fetching it from the "
+                f"Hugging Face Hub failed ({type(e).__name__}: {e}); offline, pass a local model "
+                "directory or .gguf file") from e
+        raise ModelLoadError(f"could not load the tokenizer of {location}: {type(e).__name__}: {e}") from e
+
+
+def quantize_int8(model):
+    """Dynamic int8 quantization of every nn.Linear (weights int8, activations quantized per call)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", precision: str = "auto",
+               fim: str | FimFormat | None = "auto", attn_implementation: str | None = None) -> LoadedModel:
+    """Load a causal LM for completion. See the module docstring for `spec`, `device`, `precision`.
+
+    `fim`: "auto" (from the tokenizer's special tokens), "none", a family name (qwen, starcoder, codellama,
+    deepseek) or a FimFormat. `attn_implementation`: passed to transformers (default: its own choice)."""
+    from transformers import AutoModelForCausalLM
+
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    kind, location = _resolve_spec(spec)
+    tokenizer = _load_tokenizer(location, kind)
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[prec]}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(str(location), **kwargs)
+    except Exception as e:
+        if kind == "hub":
+            raise ModelLoadError(
+                f"{location!r} is not a local model directory or .gguf file, and fetching it from the "
+                f"Hugging Face Hub failed ({type(e).__name__}: {e}); offline, pass a local model "
+                "directory or .gguf file") from e
+        raise ModelLoadError(f"could not load model {location}: {type(e).__name__}: {e}") from e
+    model.eval()
+    model.requires_grad_(False)
+    if prec == "int8":
+        model = quantize_int8(model)
+    else:
+        model.to(dev)
+    if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
+        model.generation_config.pad_token_id = tokenizer.eos_token_id
+    fim_format = resolve_fim(fim, tokenizer)
+    if spec is None:
+        name = EMBEDDED_NAME
+    elif kind == "hub":
+        name = str(location)
+    else:
+        name = Path(os.fspath(spec)).expanduser().name or str(location)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, device=dev, dtype=_DTYPES[prec], precision=prec, name=name,
+        fim=fim_format, path=Path(location) if kind == "dir" else None,
+        context_length=context_limit(tokenizer, model), stop_ids=stop_token_ids(tokenizer, fim_format),
+    )

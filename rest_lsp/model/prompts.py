@@ -1,0 +1,216 @@
+"""Prompt formats: plain prefix, and fill-in-the-middle per model family.
+
+The prompt is assembled as token ids, piece by piece (special tokens by id, text pieces encoded without
+special tokens), so that left-truncation to the model's context works on ids and never splits a special
+token:
+
+    [bos?] PREFIX_MARK enc(prefix) SUFFIX_MARK enc(suffix) MIDDLE_MARK
+
+Families (chosen from the tokenizer's special tokens by `detect_fim`, overridable by name):
+    qwen       <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>   (Qwen2.5-Coder)
+    starcoder  <fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>          (StarCoder/StarCoder2, SantaCoder)
+    codellama  <PRE> {prefix} <SUF>{suffix} <MID>                            (CodeLlama: the suffix is encoded
+               without SentencePiece's leading space, as Meta's `encode_infilling` does)
+    deepseek   <｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>      (DeepSeek-Coder)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class FimFormat:
+    name: str
+    prefix_token: str
+    suffix_token: str
+    middle_token: str
+    # tokens that end an infill (besides eos), when the vocabulary has them
+    stop_tokens: tuple[str, ...] = ()
+    # CodeLlama: encode the suffix without the SentencePiece dummy-prefix space
+    suffix_no_leading_space: bool = False
+    # alternative spellings of the markers (first one present in the vocabulary wins)
+    aliases: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def token_ids(self, tokenizer) -> tuple[int, int, int]:
+        vocab = _vocab(tokenizer)
+        ids = []
+        for t in (self.prefix_token, self.suffix_token, self.middle_token):
+            for cand in (t, *self.aliases.get(t, ())):
+                if cand in vocab:
+                    ids.append(vocab[cand])
+                    break
+            else:
+                raise ValueError(f"FIM format {self.name!r}: the tokenizer has no token {t!r}")
+        return ids[0], ids[1], ids[2]
+
+    def stop_token_ids(self, tokenizer) -> list[int]:
+        vocab = _vocab(tokenizer)
+        return [vocab[t] for t in self.stop_tokens if t in vocab]
+
+
+FIM_FORMATS: dict[str, FimFormat] = {
+    "qwen": FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+                      stop_tokens=("<|fim_pad|>", "<|endoftext|>", "<|file_sep|>", "<|repo_name|>",
+                                   "<|im_end|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")),
+    "starcoder": FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                           stop_tokens=("<|endoftext|>", "<fim_pad>", "<file_sep>", "<fim_prefix>",
+                                        "<fim_suffix>", "<fim_middle>")),
+    "codellama": FimFormat("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", stop_tokens=("▁<EOT>", "<EOT>"),
+                           suffix_no_leading_space=True,
+                           aliases={"▁<PRE>": ("<PRE>",), "▁<SUF>": ("<SUF>",), "▁<MID>": ("<MID>",)}),
+    "deepseek": FimFormat("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
+                          stop_tokens=("<｜end▁of▁sentence｜>", "<|EOT|>")),
+}
+# the order detection tries them in
+_DETECT_ORDER = ("qwen", "deepseek", "starcoder", "codellama")
+
+
+def _vocab(tokenizer) -> dict[str, int]:
+    cached = getattr(tokenizer, "_rest_lsp_vocab", None)
+    if cached is not None:
+        return cached
+    vocab = dict(tokenizer.get_vocab())
+    try:
+        tokenizer._rest_lsp_vocab = vocab
+    except Exception:
+        pass
+    return vocab
+
+
+def detect_fim(tokenizer) -> FimFormat | None:
+    """The FIM format whose special tokens the tokenizer has, or None (plain prefix prompts only)."""
+    vocab = _vocab(tokenizer)
+    for name in _DETECT_ORDER:
+        f = FIM_FORMATS[name]
+        if all(any(c in vocab for c in (t, *f.aliases.get(t, ())))
+               for t in (f.prefix_token, f.suffix_token, f.middle_token)):
+            return f
+    return None
+
+
+def resolve_fim(spec, tokenizer) -> FimFormat | None:
+    """`spec`: "auto" (detect), "none"/None (plain prompts), a family name, or a FimFormat."""
+    if isinstance(spec, FimFormat):
+        spec.token_ids(tokenizer)  # fail early if the tokenizer lacks its tokens
+        return spec
+    if spec is None or spec == "none":
+        return None
+    if spec == "auto":
+        return detect_fim(tokenizer)
+    if spec not in FIM_FORMATS:
+        raise ValueError(f"unknown FIM format {spec!r}; known: auto, none, {', '.join(FIM_FORMATS)}")
+    f = FIM_FORMATS[spec]
+    f.token_ids(tokenizer)
+    return f
+
+
+# ---------------------------------------------------------------------------------------- encoding
+def _encode(tokenizer, text: str) -> list[int]:
+    if not text:
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _encode_no_leading_space(tokenizer, text: str) -> list[int]:
+    """Encode without a SentencePiece dummy-prefix space (Meta's `encode_infilling`)."""
+    if not text:
+        return []
+    ids = _encode(tokenizer, text)
+    if not ids:
+        return ids
+    first = tokenizer.convert_ids_to_tokens(ids[0])
+    if not (isinstance(first, str) and first.startswith("▁") and not text.startswith((" ", "▁"))):
+        return ids
+    anchor = "☺"
+    pre = _encode(tokenizer, anchor)
+    both = _encode(tokenizer, anchor + text)
+    if both[: len(pre)] == pre:
+        return both[len(pre):]
+    return ids
+
+
+def _leading_special(tokenizer) -> list[int]:
+    """[bos] when the tokenizer adds one by default (Llama, DeepSeek), else [] (Qwen, StarCoder)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    try:
+        ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    except Exception:
+        return []
+    return [bos] if ids and ids[0] == bos else []
+
+
+def context_limit(tokenizer, model=None) -> int | None:
+    """The model's context length in tokens (config.max_position_embeddings), else the tokenizer's."""
+    cfg = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(cfg, attr, None) if cfg is not None else None
+        if isinstance(v, int) and v > 0:
+            return v
+    v = getattr(tokenizer, "model_max_length", None)
+    if isinstance(v, int) and 0 < v < 10_000_000:
+        return v
+    return None
+
+
+def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | None, *,
+                 max_tokens: int | None = None, suffix_share: float = 0.25) -> list[int]:
+    """Token ids of the prompt for completing at the cursor between `prefix` and `suffix`.
+
+    - `fim` None or `suffix` None: a plain prefix prompt. Otherwise fill-in-the-middle (an empty suffix
+      still uses the FIM format, so the model knows where the text ends).
+    - `max_tokens` (default: the tokenizer's model_max_length when it is a real limit): a longer prompt
+      drops tokens from the left of the prefix and keeps the end of the prefix; the suffix (its start, next
+      to the cursor) keeps at most `suffix_share` of the budget when the prefix needs the room.
+    - An empty prompt yields one start token (bos, else eos) so there is always something to condition on.
+    Raises ValueError when `max_tokens` cannot hold even the format's own tokens plus one prefix token."""
+    if max_tokens is None:
+        max_tokens = context_limit(tokenizer)
+    lead = _leading_special(tokenizer)
+    use_fim = fim is not None and suffix is not None
+    pre = _encode(tokenizer, prefix or "")
+    if use_fim:
+        p_id, s_id, m_id = fim.token_ids(tokenizer)
+        enc = _encode_no_leading_space if fim.suffix_no_leading_space else _encode
+        suf = enc(tokenizer, suffix)
+        overhead = len(lead) + 3
+    else:
+        suf = []
+        overhead = len(lead)
+    if max_tokens is not None:
+        avail = max_tokens - overhead
+        if avail < 1:
+            raise ValueError(f"a prompt budget of {max_tokens} tokens cannot hold the prompt format "
+                             f"({overhead} special tokens) and any text")
+        if len(pre) + len(suf) > avail:
+            suf_budget = min(len(suf), max(int(avail * suffix_share), avail - len(pre)))
+            suf = suf[:suf_budget]
+            keep = avail - len(suf)
+            pre = pre[len(pre) - keep:] if keep > 0 else []
+    if use_fim:
+        ids = lead + [p_id] + pre + [s_id] + suf + [m_id]
+    else:
+        ids = lead + pre
+    if not ids:
+        start = getattr(tokenizer, "bos_token_id", None)
+        if start is None:
+            start = getattr(tokenizer, "eos_token_id", None)
+        if start is None:
+            raise ValueError("empty prompt and the tokenizer has neither a bos nor an eos token")
+        ids = [start]
+    return ids
+
+
+def stop_token_ids(tokenizer, fim: FimFormat | None = None) -> list[int]:
+    """Token ids that end a completion: eos, plus the FIM family's end-of-infill tokens."""
+    out: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        out.append(eos)
+    elif isinstance(eos, Sequence):
+        out.extend(int(e) for e in eos)
+    if fim is not None:
+        out.extend(fim.stop_token_ids(tokenizer))
+    return list(dict.fromkeys(out))

@@ -1,0 +1,133 @@
+import os
+import shutil
+
+import pytest
+import torch
+
+from rest_lsp.model import host
+from rest_lsp.model.host import LoadedModel, ModelLoadError, convert_gguf, load_model
+
+
+def test_load_tiny_dir(tiny_model_dir):
+    lm = load_model(str(tiny_model_dir), device="cpu")
+    assert isinstance(lm, LoadedModel)
+    assert lm.precision == "fp32" and lm.dtype == torch.float32 and lm.device.type == "cpu"
+    assert lm.fim is not None and lm.fim.name == "qwen"
+    assert lm.context_length == 4096
+    assert not lm.model.training
+    assert lm.tokenizer.eos_token_id in lm.stop_ids
+    ids = lm.build_prompt("def f(x):\n", "\n", max_new_tokens=16)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(lm.tokenizer))
+    assert lm.vocab_size == len(lm.tokenizer)
+
+
+def test_auto_precision_on_cpu(tiny_model_dir):
+    if torch.cuda.is_available():
+        pytest.skip("auto picks CUDA here")
+    lm = load_model(tiny_model_dir)
+    assert lm.device.type == "cpu" and lm.precision == "fp32"
+
+
+def test_int8_dynamic_quantization(tiny_model_dir):
+    ref = load_model(tiny_model_dir, device="cpu", precision="fp32")
+    lm = load_model(tiny_model_dir, device="cpu", precision="int8")
+    assert lm.precision == "int8" and lm.dtype == torch.float32
+    linears = [m for m in lm.model.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
+    assert linears, "nn.Linear layers should be replaced by dynamically quantized ones"
+    ids = torch.tensor([ref.build_prompt("import os\nimport sys\n")])
+    with torch.no_grad():
+        a = ref.model(ids).logits
+        b = lm.model(ids).logits
+    assert torch.isfinite(b).all()
+    # int8 weights stay close to the fp32 model on a random tiny model
+    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.95
+    out = lm.model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 4
+
+
+def test_bf16_on_cpu_when_asked(tiny_model_dir):
+    lm = load_model(tiny_model_dir, device="cpu", precision="bf16")
+    assert lm.dtype == torch.bfloat16 and next(lm.model.parameters()).dtype == torch.bfloat16
+
+
+def test_fim_override(tiny_model_dir):
+    assert load_model(tiny_model_dir, device="cpu", fim="none").fim is None
+    with pytest.raises(ValueError):
+        load_model(tiny_model_dir, device="cpu", fim="codellama")
+
+
+def test_bad_specs(tmp_path, tiny_model_dir):
+    with pytest.raises(ModelLoadError, match="no such model"):
+        load_model(str(tmp_path / "missing" / "model"))
+    with pytest.raises(ModelLoadError, match="no such model"):
+        load_model("./not-here")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(tmp_path)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="neither a model directory nor a .gguf"):
+        load_model(f)
+    with pytest.raises(ModelLoadError, match="unknown precision"):
+        load_model(tiny_model_dir, precision="int4")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA is not available"):
+            load_model(tiny_model_dir, device="cuda")
+    else:
+        with pytest.raises(ModelLoadError, match="CPU only"):
+            load_model(tiny_model_dir, device="cuda", precision="int8")
+
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch):
+    import transformers
+
+    def offline(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(ModelLoadError, match="Hugging Face Hub"):
+        load_model("some-org/some-model")
+
+
+def _no_partials(d):
+    return [p.name for p in d.iterdir() if ".partial" in p.name]
+
+
+def test_gguf_conversion_is_atomic_and_cached(tmp_path, monkeypatch, tiny_model_dir):
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "Fake Model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    calls = []
+
+    def failing(src, out):
+        calls.append(src)
+        (out / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("killed mid-way")
+
+    with pytest.raises(ModelLoadError, match="killed mid-way"):
+        convert_gguf(gguf, loader=failing)
+    dest = host.gguf_cache_dir(gguf)
+    assert not dest.exists() and _no_partials(dest.parent) == []
+
+    def interrupted(src, out):
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert_gguf(gguf, loader=interrupted)
+    assert not dest.exists() and _no_partials(dest.parent) == []
+
+    def good(src, out):
+        calls.append(src)
+        for p in tiny_model_dir.iterdir():
+            shutil.copy(p, out / p.name)
+
+    n = len(calls)
+    d = convert_gguf(gguf, loader=good)
+    assert d == dest and (d / "config.json").is_file() and len(calls) == n + 1
+    assert convert_gguf(gguf, loader=good) == d and len(calls) == n + 1  # cached: no second conversion
+    assert _no_partials(dest.parent) == []
+    # load_model on the .gguf path uses the converted cache
+    lm = load_model(gguf, device="cpu")
+    assert lm.path == d and lm.name == "Fake Model.gguf"
