@@ -1,0 +1,158 @@
+"""Search equals a naive scan (hypothesis), across shard kinds, masks, weights and token widths."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from idx_helpers import naive_search
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from indexer.shard import ScanShard, Shard, join_documents
+from indexer.store import Datastore
+from indexer.types import TokenOutOfRange
+
+docs_st = st.lists(st.lists(st.integers(0, 3), max_size=40), min_size=1, max_size=6)
+ctx_st = st.lists(st.integers(0, 3), max_size=20)
+
+
+def _store(width_vocab=400):
+    return Datastore.memory(vocab_size=width_vocab)
+
+
+def _with_shards(ds, shards):
+    ds._shards = list(shards)
+    ds._rebuild_snapshot()
+    return ds
+
+
+def _as_counter(r):
+    return {c.tokens: c.count for c in r.continuations}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=docs_st, ctx=ctx_st, dead_mask=st.lists(st.booleans(), min_size=6, max_size=6),
+       n_min=st.integers(1, 3), n_max=st.integers(1, 16), max_len=st.integers(1, 6), offset=st.sampled_from([0, 70000]))
+def test_suffix_array_shard_equals_naive_scan(docs, ctx, dead_mask, n_min, n_max, max_len, offset):
+    # offset 70000: ids above 65,535 in a uint32 store
+    vocab = 400 if offset == 0 else 80000
+    docs = [[t + offset for t in d] for d in docs]
+    ctx = [t + offset for t in ctx]
+    width = 2 if offset == 0 else 4
+    arr, spans = join_documents(docs, width)
+    dead = [s for s, m in zip(spans, dead_mask) if m]
+    sh = Shard.from_tokens("s", "repository", arr, width)
+    sh.set_dead(dead)
+    alive = [d for d, m in zip(docs, dead_mask + [False] * len(docs)) if not m]
+    ds = _with_shards(_store(vocab), [sh])
+    r = ds.search(ctx, n_max=n_max, n_min=n_min, max_len=max_len, k=10**6)
+    n, total, counts, _ = naive_search(alive, ctx, n_max=n_max, n_min=n_min, max_len=max_len) if n_max >= n_min else (0, 0, {}, {})
+    assert (r.match_len, r.count) == (n, total)
+    assert _as_counter(r) == dict(counts)
+    assert all(len(c.tokens) <= max_len for c in r.continuations)
+
+
+@settings(max_examples=100, deadline=None)
+@given(docs=docs_st, ctx=ctx_st, kinds=st.lists(st.sampled_from(["sa", "live"]), min_size=6, max_size=6),
+       wts=st.lists(st.sampled_from([1.0, 2.0, 4.0]), min_size=6, max_size=6))
+def test_shards_merge_with_weights(docs, ctx, kinds, wts):
+    shards = []
+    for i, d in enumerate(docs):
+        if kinds[i] == "sa":
+            shards.append(Shard.from_tokens(f"s{i}", "repository", d, 2, weight=wts[i]))
+        else:
+            shards.append(ScanShard(f"l{i}", "live", d, 2, weight=wts[i]))
+    ds = _with_shards(_store(), shards)
+    r = ds.search(ctx, k=10**6)
+    n, total, counts, wsum = naive_search(docs, ctx, weights=wts[:len(docs)])
+    assert (r.match_len, r.count) == (n, total)
+    assert _as_counter(r) == dict(counts)
+    for c in r.continuations:
+        assert c.weight == pytest.approx(wsum[c.tokens])
+    ws = [(c.weight, c.count) for c in r.continuations]
+    assert ws == sorted(ws, key=lambda x: (-x[0], -x[1]))  # heaviest first
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_st, ctx=ctx_st, k=st.integers(1, 8))
+def test_sampled_results_are_a_subset_with_exact_match_and_count(docs, ctx, k):
+    arr, _ = join_documents(docs, 2)
+    ds = _with_shards(_store(), [Shard.from_tokens("s", "repository", arr, 2)])
+    r = ds.search(ctx, k=k)
+    n, total, counts, _ = naive_search(docs, ctx)
+    assert (r.match_len, r.count) == (n, total)  # match length and count are never sampled
+    assert sum(c.count for c in r.continuations) <= max(k, 1)
+    for c in r.continuations:
+        assert c.count <= counts[c.tokens]
+
+
+def test_sampling_is_spread_over_the_whole_match_range():
+    # "a b" is followed by x 5,000 times, then by y 5,000 times: in suffix-array order all the x's come
+    # first, so keeping the first k (the reference's choice) would report only x.
+    a, b, x, y = 1, 2, 3, 4
+    doc = [a, b, x] * 5000 + [a, b, y] * 5000
+    ds = _with_shards(_store(), [Shard.from_tokens("s", "repository", doc, 2)])
+    r = ds.search([a, b], k=100, max_len=1)
+    assert r.count == 10000 and r.match_len == 2
+    got = _as_counter(r)
+    assert set(got) == {(x,), (y,)}
+    assert abs(got[(x,)] - got[(y,)]) <= 2 and sum(got.values()) == 100
+
+
+def test_sampling_budget_is_shared_across_shards_by_their_counts():
+    a, b, x, y = 1, 2, 3, 4
+    big = Shard.from_tokens("big", "corpus", [a, b, x] * 900, 2, weight=1.0)
+    small = Shard.from_tokens("small", "repository", [a, b, y] * 100, 2, weight=2.0)
+    ds = _with_shards(_store(), [big, small])
+    r = ds.search([a, b], k=100, max_len=1)
+    got = {c.tokens: (c.count, c.weight) for c in r.continuations}
+    assert r.count == 1000
+    assert got[(x,)] == (90, 90.0) and got[(y,)] == (10, 20.0)
+
+
+def test_continuations_never_cross_documents():
+    docs = [[1, 2, 3], [4, 5, 6]]
+    arr, _ = join_documents(docs, 2)
+    ds = _with_shards(_store(), [Shard.from_tokens("s", "repository", arr, 2)])
+    r = ds.search([2, 3])
+    assert r.match_len == 2 and r.count == 1 and r.continuations == []  # at the end of doc 1: nothing follows
+    r = ds.search([3, 4])
+    assert r.match_len == 0  # the pair only exists across the boundary
+
+
+def test_ids_are_never_wrapped():
+    ds16 = _store(400)
+    with pytest.raises(TokenOutOfRange):
+        ds16.set_live("x", [1, 65535 + 4464, 3])  # 70000 would wrap to 4464 in a uint16 store
+    with pytest.raises(TokenOutOfRange):
+        join_documents([[1, 70000]], 2)
+    ds32 = _store(151936)
+    assert ds32.width == 4
+    ds32.set_live("x", [151935, 70000, 4464, 70000, 9])
+    r = ds32.search([151935, 70000])
+    assert r.match_len == 2 and r.continuations[0].tokens == (4464, 70000, 9)
+    assert ds32.search([4464, 70000 - 65536]).match_len == 0
+
+
+def test_context_ids_outside_the_vocabulary_cut_the_context():
+    ds = _store(400)
+    ds.set_live("x", [5, 6, 7, 8])
+    assert ds.search([5, 6, 7]).match_len == 3
+    assert ds.search([5, -1, 6, 7]).match_len == 2
+    assert ds.search([5, 6, 70000, 7]).match_len == 0  # one token left: below n_min
+    assert ds.search([]).match_len == 0
+    assert ds.search(np.array([6, 7], dtype=np.int64)).continuations[0].tokens == (8,)
+
+
+def test_live_shards_replace_and_drop():
+    ds = _store(400)
+    ds.set_live("buf", [1, 2, 3, 4])
+    assert ds.search([1, 2]).continuations[0].tokens == (3, 4)
+    ds.set_live("buf", [1, 2, 9])
+    assert [c.tokens for c in ds.search([1, 2]).continuations] == [(9,)]
+    ds.set_live("gen", [1, 2, 7])
+    assert sorted(ds.live_names()) == ["buf", "gen"]
+    ds.drop_live("buf")
+    assert [c.tokens for c in ds.search([1, 2]).continuations] == [(7,)]
+    ds.drop_live("gen")
+    ds.drop_live("never-there")
+    assert ds.search([1, 2]).match_len == 0
