@@ -209,8 +209,6 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                 yield Candidate(root, root.parent, st.st_size, st.st_mtime_ns)
             continue
         root_real = os.path.realpath(root)
-        seen_dirs = {root_real}
-        seen_files: set[str] = set()
         stack = [(root, ())]
         while stack:
             d, parts = stack.pop()
@@ -231,10 +229,15 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                     report.skip("unreadable")
                     continue
                 if is_link:
+                    # never out of the root; inside it the target is indexed under its own path
                     real = os.path.realpath(e.path)
                     if not _within(real, root_real):
                         report.skip("symlink_outside_root")
-                        continue
+                    elif is_dir and _within(os.path.dirname(e.path), real):
+                        report.skip("symlink_loop")
+                    else:
+                        report.skip("symlink_inside_root")
+                    continue
                 if is_dir:
                     if name in filters.exclude_dirs or name.endswith(".egg-info"):
                         report.skip("excluded_dir")
@@ -246,11 +249,6 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                     if _is_venv(p):
                         report.skip("excluded_dir")
                         continue
-                    real = os.path.realpath(e.path)
-                    if real in seen_dirs:
-                        report.skip("symlink_loop")
-                        continue
-                    seen_dirs.add(real)
                     dirs.append((p, rel))
                     continue
                 try:
@@ -270,12 +268,6 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                 if st.st_size > filters.max_file_size:
                     report.skip("too_large")
                     continue
-                if is_link:
-                    real = os.path.realpath(e.path)
-                    if real in seen_files:
-                        report.skip("duplicate_link")
-                        continue
-                    seen_files.add(real)
                 yield Candidate(Path(e.path), root, st.st_size, st.st_mtime_ns)
             stack.extend(reversed(dirs))
 
@@ -304,9 +296,9 @@ def is_document(path: Path, roots, filters: Filters, rules: IgnoreRules) -> tupl
                 return False, root
         if not filters.name_ok(parts[-1]) or rules.ignored(root, parts, False):
             return False, root
-        real = os.path.realpath(path)
-        if not _within(real, os.path.realpath(root)):
-            return False, root
+        for i in range(1, len(parts) + 1):  # walk() follows no symlink: neither does this
+            if os.path.islink(root.joinpath(*parts[:i])):
+                return False, root
         return True, root
     return False, None
 
