@@ -1,0 +1,160 @@
+"""Verification cost c(q) on this machine: one forward of q new tokens after a `past`-token KV cache.
+
+Prints, per verifier kind, the median milliseconds for q = 1..64 and the ratio c(q)/c(1), and optionally the
+torch.profiler per-operator breakdown of one verification forward. Same model, same precision for every kind.
+
+    .venv/bin/python benchmarks/cost_curve.py --quick                       # ~5 min: eager vs packed
+    .venv/bin/python benchmarks/cost_curve.py --kinds eager,packed,compiled --json cost.json
+    .venv/bin/python benchmarks/cost_curve.py --kinds packed --profile 8     # where the time goes at q=8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FULL_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+QUICK_QS = (1, 2, 4, 8, 16)
+
+
+def random_tree(q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random draft tree of q nodes in topological order: (depths [q], mask [q, q] bool)."""
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q)]
+    mask = torch.zeros(q, q, dtype=torch.bool)
+    depths = torch.zeros(q, dtype=torch.long)
+    for i in range(q):
+        mask[i, i] = True
+        if parent[i] >= 0:
+            mask[i] |= mask[parent[i]]
+            depths[i] = depths[parent[i]] + 1
+    return depths, mask
+
+
+@torch.inference_mode()
+def cost_curve(verifier, vocab: int, qs, past: int, repeats: int, clock=time.perf_counter) -> dict[int, float]:
+    gen = torch.Generator().manual_seed(0)
+    verifier.truncate(0)
+    verifier.forward(torch.randint(0, vocab, (past,), generator=gen), torch.arange(past),
+                     torch.ones(past, past, dtype=torch.bool).tril_())
+    out = {}
+    for q in qs:
+        depths, mask = random_tree(q, gen)
+        times = []
+        for r in range(repeats + 1):  # the first call of each size is a warm-up (and compiles a bucket)
+            tokens = torch.randint(0, vocab, (q,), generator=gen)
+            t = clock()
+            verifier.forward(tokens, depths, mask)
+            dt = clock() - t
+            verifier.truncate(past)
+            if r:
+                times.append(dt * 1e3)
+        out[q] = statistics.median(times)
+        print(f"  q={q:3d}  {out[q]:8.1f} ms  (min {min(times):.1f}, max {max(times):.1f})", flush=True)
+    return out
+
+
+@torch.inference_mode()
+def profile_forward(verifier, vocab: int, q: int, past: int, top: int = 20) -> list[dict]:
+    """Per-operator self CPU time of one q-token forward (median-ish: the third of three calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(1)
+    verifier.truncate(0)
+    verifier.forward(torch.randint(0, vocab, (past,), generator=gen), torch.arange(past),
+                     torch.ones(past, past, dtype=torch.bool).tril_())
+    depths, mask = random_tree(q, gen)
+    for _ in range(2):
+        verifier.forward(torch.randint(0, vocab, (q,), generator=gen), depths, mask)
+        verifier.truncate(past)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        verifier.forward(torch.randint(0, vocab, (q,), generator=gen), depths, mask)
+    verifier.truncate(past)
+    rows = []
+    events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.self_cpu_time_total,
+                    reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    for e in events[:top]:
+        rows.append({"op": e.key, "shapes": str(e.input_shapes)[:60], "calls": e.count,
+                     "self_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / max(total, 1)})
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model spec for load_model (default: the embedded model)")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--kinds", default="eager,packed", help="comma list of make_verifier kinds")
+    p.add_argument("--qs", default=None, help="comma list of q (default 1..64 in 13 steps; --quick: 1,2,4,8,16)")
+    p.add_argument("--past", type=int, default=300, help="cached tokens before each forward")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="q in 1,2,4,8,16 and 3 repeats")
+    p.add_argument("--profile", type=int, default=None, metavar="Q", help="also profile one forward of Q tokens")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
+    p.add_argument("--json", default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    qs = tuple(int(x) for x in args.qs.split(",")) if args.qs else (QUICK_QS if args.quick else FULL_QS)
+    repeats = 3 if args.quick and args.repeats == 5 else args.repeats
+
+    from rest_lsp.model.fast import make_verifier
+    from rest_lsp.model.host import load_model
+
+    t = time.perf_counter()
+    loaded = load_model(args.model, device="cpu", precision=args.precision)
+    print(f"model {loaded.name} {loaded.precision}: loaded in {time.perf_counter() - t:.1f} s; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}",
+          flush=True)
+    vocab = loaded.vocab_size
+    report = {"clock": args.clock, "model": loaded.name, "precision": loaded.precision, "past": args.past, "repeats": repeats,
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "kinds": {}}
+    for kind in args.kinds.split(","):
+        t = time.perf_counter()
+        verifier = make_verifier(loaded, kind, max_len=args.past + max(qs) + 16)
+        setup = time.perf_counter() - t
+        warm = {}
+        if hasattr(verifier, "warm_up"):
+            warm = verifier.warm_up()
+        print(f"{kind} ({type(verifier).__name__}): set up in {setup:.1f} s"
+              + (f"; compile per bucket {', '.join(f'q{b}: {s:.0f} s' for b, s in warm.items())}" if warm else ""),
+              flush=True)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        ms = cost_curve(verifier, vocab, qs, args.past, repeats, clock)
+        entry = {"setup_s": setup, "compile_s": warm, "ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+        if args.profile:
+            entry["profile"] = profile_forward(verifier, vocab, args.profile, args.past)
+        report["kinds"][kind] = entry
+        del verifier
+
+    kinds = list(report["kinds"])
+    print(f"\nc(q) in ms after a {args.past}-token cache, median of {repeats} "
+          f"({torch.get_num_threads()} threads; ratio to q={qs[0]} in brackets)")
+    print("| q | " + " | ".join(kinds) + " |")
+    print("|---|" + "---|" * len(kinds))
+    for q in qs:
+        cells = [f"{report['kinds'][k]['ms'][q]:.0f} ({report['kinds'][k]['ratio'][q]:.2f})" for k in kinds]
+        print(f"| {q} | " + " | ".join(cells) + " |")
+    for k in kinds:
+        for row in report["kinds"][k].get("profile", []):
+            if row is report["kinds"][k]["profile"][0]:
+                print(f"\nprofile of one q={args.profile} forward, {k}: self CPU time by operator")
+                print("| operator | input shapes | calls | ms | share |\n|---|---|---|---|---|")
+            print(f"| {row['op']} | {row['shapes']} | {row['calls']} | {row['self_ms']:.1f} | {row['share']:.0%} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
