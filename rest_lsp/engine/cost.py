@@ -1,0 +1,129 @@
+"""Verification cost c(q) on this hardware, and the draft size that maximises expected tokens per second.
+
+On a GPU one forward of q tokens costs about what one token costs for dozens of tokens; on a laptop CPU
+it does not (c(8)/c(1) is about 2.8 for the embedded model in eager fp32), so the tree must stay small.
+c(q) is measured once per model/precision/device/verifier and cached in the user cache directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .verifier import Verifier, chain_mask
+
+DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class CostModel:
+    """c(q): milliseconds for one forward of q tokens, interpolated between measured points."""
+
+    qs: list[int]
+    ms: list[float]
+
+    def __call__(self, q: int) -> float:
+        qs, ms = self.qs, self.ms
+        if q <= qs[0]:
+            return ms[0]
+        for (q0, m0), (q1, m1) in zip(zip(qs, ms), zip(qs[1:], ms[1:])):
+            if q <= q1:
+                return m0 + (m1 - m0) * (q - q0) / (q1 - q0)
+        if len(qs) == 1:
+            return ms[0]
+        slope = max(0.0, (ms[-1] - ms[-2]) / (qs[-1] - qs[-2]))  # beyond the table: linear
+        return ms[-1] + slope * (q - qs[-1])
+
+    def ratios(self) -> dict[int, float]:
+        return {q: m / self.ms[0] for q, m in zip(self.qs, self.ms)}
+
+    @classmethod
+    def flat(cls) -> "CostModel":
+        """Every size costs the same: only acceptance decides (use where no measurement is wanted)."""
+        return cls([1], [1.0])
+
+
+def best_size(probs: Sequence[float], cost: CostModel) -> int:
+    """How many of the ranked draft nodes to verify: argmax over k of (1 + sum(probs[:k])) / c(k + 1).
+
+    probs are the estimated acceptance chances of the nodes in ranking order; the expected tokens of a step
+    are 1 (the model's own next token) plus the expected accepted nodes. Scanning every k (not stopping at
+    the first loss) copes with cost curves that are flat for a while and then jump.
+    """
+    best_k, best_rate, gained = 0, 1.0 / cost(1), 0.0
+    for k, p in enumerate(probs, start=1):
+        gained += p
+        rate = (1.0 + gained) / cost(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
+@torch.inference_mode()
+def measure_cost(
+    verifier: Verifier, vocab_size: int, qs: Sequence[int] = DEFAULT_QS, past: int = 256, repeats: int = 3
+) -> CostModel:
+    """Median time of a q-token forward after a `past`-token cache; leaves the verifier's cache empty."""
+    gen = torch.Generator().manual_seed(0)
+    verifier.truncate(0)
+    verifier.forward(torch.randint(0, vocab_size, (past,), generator=gen), torch.arange(past), chain_mask(past))
+    ms = []
+    for q in qs:
+        tokens = torch.randint(0, vocab_size, (q,), generator=gen)
+        times = []
+        for r in range(repeats + 1):  # the first run warms up this shape
+            t0 = time.perf_counter()
+            logits = verifier.forward(tokens, torch.arange(q), chain_mask(q))
+            float(logits[-1, 0])  # wait for the device
+            if r:
+                times.append((time.perf_counter() - t0) * 1000)
+            verifier.keep([])
+        ms.append(statistics.median(times))
+    verifier.truncate(0)
+    return CostModel(list(qs), ms)
+
+
+def cache_dir() -> Path:
+    try:
+        from indexer.embedded import cache_root  # the project's cache root, once it exists
+
+        return Path(cache_root()) / "cost"
+    except (ImportError, AttributeError):
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("rest-lsp")) / "cost"
+
+
+def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
+    threads = torch.get_num_threads()
+    raw = f"{name}-{precision}-{device}-{type(verifier).__name__}-t{threads}-torch{torch.__version__}"
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)
+
+
+def load_or_measure(
+    verifier: Verifier, vocab_size: int, key: str, directory: Path | None = None, **measure_kw
+) -> CostModel:
+    """The cached c(q) for this key, measuring (and atomically caching) it on first use."""
+    path = (directory or cache_dir()) / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        return CostModel([int(q) for q in data["qs"]], [float(m) for m in data["ms"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    model = measure_cost(verifier, vocab_size, **measure_kw)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"qs": model.qs, "ms": model.ms}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+    return model

@@ -1,0 +1,202 @@
+"""Draft sources: where the continuations of the current context come from.
+
+- `DatastoreSource`: the corpus / repository suffix-array datastore (indexer's `Datastore.search`).
+- `ContextSource`: prompt lookup over the prompt and the open buffers, every match with n >= 1 as a tree.
+- `HistorySource`: the text this process generated before (users accept completions and then repeat them).
+- `RecyclingSource`: the model's own earlier top-k predictions per token (Token Recycling / SAM-Decoding).
+
+Each returns weighted continuations; the engine normalises them per source and mixes the sources by share.
+`last_match_len` (the context suffix a source matched; None where that means nothing) lets the mixer
+trust long matches more than short ones.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    name: str
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        """Continuations of the context with weights (any scale); the drafter normalises per source."""
+        ...
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Tokens appended to the context (optional no-op)."""
+        ...
+
+
+def suffix_matches(
+    text: np.ndarray, query: np.ndarray, n_max: int, max_len: int, limit: int, exclude_end: bool = False
+) -> list[tuple[int, int]]:
+    """(match length n >= 1, end position) of places in `text` where a suffix of `query` occurs.
+
+    Only places with at least one following token count; the longest (then latest) `limit` are kept.
+    exclude_end: text ends with query itself (searching the context in itself), so skip that trivial match.
+    """
+    if len(text) < 2 or len(query) == 0:
+        return []
+    ends = np.flatnonzero(text[:-1] == query[-1])  # positions where the last query token occurs
+    if exclude_end:
+        ends = ends[ends < len(text) - 1]
+    if len(ends) == 0:
+        return []
+    lengths = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for k in range(1, min(n_max, len(query))):
+        pos = ends - k
+        ok = alive & (pos >= 0)
+        ok[ok] = text[pos[ok]] == query[-1 - k]
+        lengths += ok
+        alive = ok
+        if not alive.any():
+            break
+    order = np.lexsort((-ends, -lengths))[:limit]  # longest first, then latest
+    return [(int(lengths[i]), int(ends[i])) for i in order]
+
+
+def weight_for_match(n: int) -> float:
+    """Longer suffix matches predict better: weight grows with the match length (n^2)."""
+    return float(n * n)
+
+
+class _MatchingSource:
+    """Continuations after every suffix match in a set of token texts, weighted by match length."""
+
+    name = "match"
+
+    def __init__(self, n_max: int = 16, max_matches: int = 64):
+        self.n_max = n_max
+        self.max_matches = max_matches
+        self.last_match_len: int | None = 0
+
+    def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        raise NotImplementedError
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        query = np.asarray(context[-self.n_max :], dtype=np.int64)
+        found: list[tuple[int, tuple[int, ...]]] = []
+        for text, is_context in self._texts(np.asarray(context, dtype=np.int64)):
+            for n, end in suffix_matches(text, query, self.n_max, max_len, self.max_matches, is_context):
+                found.append((n, tuple(int(t) for t in text[end + 1 : end + 1 + max_len])))
+        found.sort(key=lambda f: -f[0])
+        found = found[: self.max_matches]
+        self.last_match_len = found[0][0] if found else 0
+        return [(cont, weight_for_match(n)) for n, cont in found if cont]
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+class ContextSource(_MatchingSource):
+    """Prompt lookup over the context itself and the open buffers, as a tree of all matches (n >= 1)."""
+
+    name = "context"
+
+    def __init__(self, n_max: int = 16, max_matches: int = 64):
+        super().__init__(n_max, max_matches)
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def set_buffer(self, name: str, tokens: Sequence[int]) -> None:
+        self.buffers[name] = np.asarray(tokens, dtype=np.int64)
+
+    def drop_buffer(self, name: str) -> None:
+        self.buffers.pop(name, None)
+
+    def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        return [(context, True)] + [(b, False) for b in self.buffers.values()]
+
+
+class HistorySource(_MatchingSource):
+    """The tokens this process generated before (a bounded ring); separate generations never run together."""
+
+    name = "history"
+    SEPARATOR = -1
+
+    def __init__(self, n_max: int = 16, max_matches: int = 64, capacity: int = 65536):
+        super().__init__(n_max, max_matches)
+        self._ring: deque[int] = deque(maxlen=capacity)
+        self._array: np.ndarray | None = None
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A new generation starts: separate it from the previous one."""
+        if self._ring and self._ring[-1] != self.SEPARATOR:
+            self._ring.append(self.SEPARATOR)
+            self._array = None
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        self._ring.extend(int(t) for t in tokens)
+        self._array = None
+
+    def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        if self._array is None:
+            self._array = np.fromiter(self._ring, dtype=np.int64, count=len(self._ring))
+        return [(self._array, False)]
+
+
+class DatastoreSource:
+    """Continuations from indexer's suffix-array datastore (corpus and repository shards)."""
+
+    def __init__(self, datastore, name: str = "corpus", n_max: int = 16, n_min: int = 2, k: int = 5000,
+                 max_continuations: int = 256):
+        self.datastore = datastore
+        self.name = name
+        self.n_max, self.n_min, self.k = n_max, n_min, k
+        self.max_continuations = max_continuations
+        self.last_match_len: int | None = 0
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        result = self.datastore.search(context, n_max=self.n_max, n_min=self.n_min, k=self.k, max_len=max_len)
+        self.last_match_len = result.match_len
+        conts = result.continuations[: self.max_continuations]  # heaviest first
+        return [(tuple(c.tokens), float(c.weight)) for c in conts if c.tokens]
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+class RecyclingSource:
+    """The model's own recent top-k next tokens per token, expanded into a small tree (Token Recycling).
+
+    The engine reports the top-k of every row it verifies (`observe_forward`); for each input token the
+    latest top-k list is kept. A draft starts from the context's last token and follows the table.
+    """
+
+    name = "recycle"
+
+    def __init__(self, k: int = 4, depth: int = 4, branching: Sequence[int] = (4, 2, 1, 1)):
+        self.k = k
+        self.depth = depth
+        self.branching = tuple(branching)
+        self.table: dict[int, tuple[int, ...]] = {}
+        self.last_match_len: int | None = None
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def observe_forward(self, tokens: Sequence[int], topk: Sequence[Sequence[int]]) -> None:
+        """tokens [q] fed to the model, topk [q, k] its most likely next tokens after each."""
+        for tok, nxt in zip(tokens, topk):
+            self.table[int(tok)] = tuple(int(t) for t in nxt[: self.k])
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        if not context:
+            return []
+        out: list[tuple[tuple[int, ...], float]] = []
+
+        def expand(path: tuple[int, ...], weight: float, level: int) -> None:
+            nxt = self.table.get(path[-1] if path else int(context[-1]), ())
+            width = self.branching[level] if level < len(self.branching) else 1
+            if level >= min(self.depth, max_len) or not nxt:
+                if path:
+                    out.append((path, weight))
+                return
+            for rank, tok in enumerate(nxt[:width]):
+                expand(path + (tok,), weight / (rank + 1), level + 1)  # lower ranks are less likely
+
+        expand((), 1.0, 0)
+        return out

@@ -1,0 +1,143 @@
+"""Draft trees: choose nodes from a trie, flatten them for one forward, accept the model's path.
+
+A flattened tree lists nodes parents-first; node 0 is the root, the token already decided by the previous
+step (not yet in the KV cache). Its logits give the model's next token; a child whose token equals it is
+accepted, and so on down the tree. The accepted path plus the model's next token after it are emitted.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .trie import TokenTrie
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int]  # [q] node tokens, tokens[0] is the root
+    parents: list[int]  # [q] parent index, -1 for the root; parents[i] < i
+    depths: list[int]  # [q] root = 0
+    probs: list[float]  # [q] estimated chance that the node is accepted (root: 1)
+    sources: list[str]  # [q] the source that contributed most to each node ("" for the root)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def single(cls, token: int) -> "DraftTree":
+        """No draft: one plain decoding step."""
+        return cls([token], [-1], [0], [1.0], [""])
+
+    def children(self) -> list[dict[int, int]]:
+        """Per node, token -> child index."""
+        kids: list[dict[int, int]] = [{} for _ in self.tokens]
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                kids[p][self.tokens[i]] = i
+        return kids
+
+    def tensors(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens [q] int64, depths [q] int64, tree mask [q, q] bool (row i sees its ancestors and itself)."""
+        q = len(self.tokens)
+        mask = torch.zeros(q, q, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            mask[i, i] = True
+            if p >= 0:
+                mask[i] |= mask[p]  # parents come first, so the parent's row is complete
+        return (
+            torch.tensor(self.tokens, dtype=torch.long, device=device),
+            torch.tensor(self.depths, dtype=torch.long, device=device),
+            mask.to(device),
+        )
+
+
+def rank_nodes(trie: TokenTrie, max_nodes: int) -> list[int]:
+    """Up to max_nodes trie nodes, best first by estimated acceptance (the node's mass).
+
+    Mass never grows down a path, so best-first expansion from the root keeps every prefix of the
+    ranking a connected tree (each node comes after its parent).
+    """
+    order: list[int] = []
+    heap = [(-trie.nodes[c].mass, c) for c in trie.nodes[0].children.values()]
+    heapq.heapify(heap)
+    while heap and len(order) < max_nodes:
+        _, n = heapq.heappop(heap)
+        order.append(n)
+        for c in trie.nodes[n].children.values():
+            heapq.heappush(heap, (-trie.nodes[c].mass, c))
+    return order
+
+
+def flatten(trie: TokenTrie, order: list[int]) -> DraftTree:
+    """The root plus the chosen nodes (parents before children) as a DraftTree."""
+    index = {0: 0}
+    tree = DraftTree.single(trie.nodes[0].token)
+    for n in order:
+        node = trie.nodes[n]
+        index[n] = len(tree.tokens)
+        tree.tokens.append(node.token)
+        tree.parents.append(index[node.parent])
+        tree.depths.append(node.depth)
+        tree.probs.append(min(1.0, node.mass))
+        tree.sources.append(max(node.sources, key=node.sources.get) if node.sources else "")
+    return tree
+
+
+def accept_greedy(tree: DraftTree, next_tokens: list[int]) -> tuple[list[int], int]:
+    """Longest path from the root whose tokens equal the model's argmax; returns (path indices, next token).
+
+    next_tokens[i] is the model's argmax after node i. The path starts at the root (index 0).
+    """
+    kids = tree.children()
+    path = [0]
+    while (child := kids[path[-1]].get(next_tokens[path[-1]])) is not None:
+        path.append(child)
+    return path, next_tokens[path[-1]]
+
+
+def accept_sampled(
+    tree: DraftTree, probs_of: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
+) -> tuple[list[int], int]:
+    """Speculative sampling over a tree of deterministic drafts, exact in distribution.
+
+    At each node with model distribution p, try the children one by one: accept child x with probability
+    r(x) / sum(r), where r is p with the already rejected children zeroed (recursive rejection: for a point-mass
+    draft the residual max(r - q, 0) removes exactly the rejected token). If all are rejected, sample the
+    residual. Summed over the branches, each token x comes out with probability p(x), so the emitted sequence
+    is distributed as the model's. probs_of(i) gives p after node i ([V], on any device).
+    """
+    kids = tree.children()
+    path = [0]
+    while True:
+        p = probs_of(path[-1]).double()  # [V]
+        residual = p.clone()
+        chosen = None
+        for token, child in kids[path[-1]].items():
+            mass = float(residual.sum())
+            if mass <= 0:
+                break
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) * mass < float(residual[token]):
+                chosen = child
+                break
+            residual[token] = 0.0
+        if chosen is None:
+            token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+            return path, token
+        path.append(chosen)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Probabilities [..., V] after temperature and nucleus (top-p) filtering, as in HF's warpers."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return probs
+    sorted_p, sorted_i = probs.sort(dim=-1, descending=False)
+    # drop the low tail whose cumulative mass stays within 1 - top_p; always keep the most likely token
+    drop = sorted_p.cumsum(dim=-1) <= (1.0 - top_p)
+    drop[..., -1] = False
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    filtered = torch.zeros_like(probs).scatter(-1, sorted_i, sorted_p)
+    return filtered / filtered.sum(dim=-1, keepdim=True)

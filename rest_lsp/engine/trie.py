@@ -1,0 +1,78 @@
+"""A token trie of weighted continuations, mixed from several draft sources by a share per source.
+
+Each source's weights are normalised within the source and scaled by its share (times a strength that
+grows with the source's suffix-match length), so a source that returns thousands of raw corpus counts
+cannot drown one that returns a single long context match. A node's mass is then the estimated chance
+that the model's greedy continuation passes through it: the product of the conditional fractions along
+its path times the mass at the root.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+
+@dataclass
+class TrieNode:
+    token: int
+    parent: int  # index in TokenTrie.nodes; -1 for the root
+    depth: int  # the root (the token already decided) is depth 0
+    mass: float = 0.0
+    children: dict[int, int] = field(default_factory=dict)  # token -> node index
+    sources: dict[str, float] = field(default_factory=dict)  # mass per source name (which source drafted it)
+
+
+class TokenTrie:
+    """Continuations after a fixed root token; node 0 is the root."""
+
+    def __init__(self, root_token: int):
+        self.nodes: list[TrieNode] = [TrieNode(root_token, -1, 0, mass=0.0)]
+
+    def add(self, tokens: Sequence[int], weight: float, source: str = "") -> None:
+        """Add one continuation: every node along its path gains `weight`."""
+        node = 0
+        self.nodes[0].mass += weight
+        for tok in tokens:
+            child = self.nodes[node].children.get(tok)
+            if child is None:
+                child = len(self.nodes)
+                self.nodes.append(TrieNode(int(tok), node, self.nodes[node].depth + 1))
+                self.nodes[node].children[int(tok)] = child
+            node = child
+            n = self.nodes[node]
+            n.mass += weight
+            n.sources[source] = n.sources.get(source, 0.0) + weight
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def match_strength(match_len: int | None) -> float:
+    """How much to trust a source given the length of the context suffix it matched.
+
+    1 - 2^-n: a 1-token match counts half, 4 tokens 94%. Sources that report no match length count fully.
+    """
+    if match_len is None:
+        return 1.0
+    return 0.0 if match_len <= 0 else 1.0 - 0.5**match_len
+
+
+def mix(
+    root_token: int,
+    proposals: Iterable[tuple[str, float, float, Sequence[tuple[Sequence[int], float]]]],
+) -> TokenTrie:
+    """One trie from (source name, share, strength, [(tokens, weight), ...]) per source.
+
+    Shares should sum to at most 1 over the configured sources: a source with nothing to say leaves
+    its share unclaimed, which keeps the root mass (and every estimate below it) honest.
+    """
+    trie = TokenTrie(root_token)
+    for name, share, strength, conts in proposals:
+        conts = [(tuple(t), float(w)) for t, w in conts if len(t) > 0 and w > 0]
+        total = sum(w for _, w in conts)
+        if total <= 0 or share <= 0 or strength <= 0:
+            continue
+        scale = share * strength / total
+        for tokens, w in conts:
+            trie.add(tokens, w * scale, name)
+    return trie

@@ -1,0 +1,112 @@
+"""Tree verification: one forward over a flattened draft tree, and a KV cache pruned to the accepted path.
+
+The engine talks to the model only through `Verifier`, so a faster implementation (compiled, quantized,
+static cache: rest_lsp/model/fast.py) can replace `HFVerifier` without touching the decoding loop.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Owns the KV cache of one sequence; the engine never touches cache internals."""
+
+    past_len: int  # tokens held in the cache
+
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """Run q new tokens after the cache and append them to it.
+
+        tokens [q] int64; depths [q] (position id = past_len + depth); tree_mask [q, q] bool, row i attends
+        column j iff j is i or an ancestor of i (a chain, e.g. the prefill, is lower-triangular).
+        Returns logits [q, V] float32.
+        """
+        ...
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only these of the last forward's q entries (the accepted path, in order); drop the rest."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Drop the cache beyond its first n tokens (prompt-prefix reuse, or a reset with n = 0)."""
+        ...
+
+
+def chain_mask(q: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """[q, q] bool lower-triangular: a plain sequence (prefill, or a single-path draft)."""
+    return torch.ones(q, q, dtype=torch.bool, device=device).tril_()
+
+
+class HFVerifier:
+    """Eager verifier over any Hugging Face causal LM whose cache is a `DynamicCache` (Qwen2, Llama, ...).
+
+    The tree is passed as a 4D additive mask [1, 1, q, past + q], which transformers uses as given, with
+    explicit position ids; an additive float mask (not bool) because eager attention adds the mask.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str | None = None):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size: int = model.config.vocab_size
+        self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+        if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", False):
+            raise NotImplementedError("HFVerifier: sliding-window attention layers cannot be pruned to a tree path")
+        self._cache_cls = DynamicCache
+        self.cache = DynamicCache(config=model.config)
+        self.past_len = 0
+        self._last_q = 0
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        q = tokens.shape[0]
+        past = self.past_len
+        # mask [1, 1, q, past + q]: every row sees the whole cache, then its ancestors and itself
+        allowed = torch.ones(q, past + q, dtype=torch.bool, device=self.device)
+        allowed[:, past:] = tree_mask.to(self.device)
+        mask = torch.zeros(q, past + q, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        positions = (depths.to(self.device) + past)[None]  # [1, q]
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],  # [1, q]
+            attention_mask=mask[None, None],
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.past_len = past + q
+        self._last_q = q
+        return out.logits[0].float()  # [q, V]
+
+    @torch.inference_mode()
+    def keep(self, indices: Sequence[int]) -> None:
+        q = self._last_q
+        base = self.past_len - q
+        idx = list(indices)
+        if any(not 0 <= i < q for i in idx):
+            raise IndexError(f"keep: indices must lie in [0, {q}), got {idx}")
+        if idx != list(range(len(idx))):  # a chain prefix needs no copy, only the crop below
+            src = torch.tensor([base + i for i in idx], dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                # keys/values [batch, heads, seq, head_dim]: move the path into place, crop the rest
+                layer.keys[:, :, base : base + len(idx)] = layer.keys.index_select(2, src)
+                layer.values[:, :, base : base + len(idx)] = layer.values.index_select(2, src)
+        self.truncate(base + len(idx))
+        self._last_q = 0
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate: n must be >= 0, got {n}")
+        if n == 0:
+            self.cache = self._cache_cls(config=self.model.config)
+        elif n < self.past_len:
+            # slice directly: DynamicCache.crop's argument changed meaning across transformers 5.x releases
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, :n]
+                layer.values = layer.values[:, :, :n]
+        self.past_len = min(n, self.past_len)
+        self._last_q = 0

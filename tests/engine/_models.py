@@ -1,0 +1,71 @@
+"""Tiny random causal LMs built in the test, with greedy outputs varied enough for exactness to discriminate."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+VOCAB = 64
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.3,  # the default 0.02 makes a random model repeat one token forever
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(kind)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The reference: recompute the whole sequence every step, no cache, argmax of the last row."""
+    return list(_plain_greedy(model, tuple(prompt), n))
+
+
+@functools.lru_cache(maxsize=None)
+@torch.no_grad()
+def _plain_greedy(model, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return tuple(seq[len(prompt):])
+
+
+def random_prompt(seed: int, n: int, vocab: int = VOCAB) -> list[int]:
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+class ScriptedSource:
+    """A draft source that proposes given continuations of the context (by absolute position)."""
+
+    def __init__(self, full: list[int], name: str = "oracle", corrupt_at: int | None = None,
+                 wrong_branch: float = 0.0, vocab: int = VOCAB):
+        self.full, self.name, self.corrupt_at, self.vocab = full, name, corrupt_at, vocab
+        self.wrong_branch = wrong_branch  # weight of a sibling branch that is wrong at every token
+        self.observed: list[int] = []
+
+    def propose(self, context, max_len):
+        right = list(self.full[len(context): len(context) + max_len])
+        cont = list(right)
+        if self.corrupt_at is not None and len(cont) > self.corrupt_at:
+            cont[self.corrupt_at] = (cont[self.corrupt_at] + 1) % self.vocab  # wrong from here on
+        out = [(tuple(cont), 1.0)] if cont else []
+        if self.wrong_branch and right:
+            out.append((tuple((t + 3) % self.vocab for t in right), self.wrong_branch))
+        return out
+
+    def observe(self, tokens):
+        self.observed.extend(tokens)
