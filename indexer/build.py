@@ -195,9 +195,9 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
             "stats": {"documents": len(docs), "tokens": total_tokens},
         }
         write_manifest(out, m)
-        keep = {s["files"][f]["name"] for s in shard_metas for f in ("tok", "sa")}
+        keep = {f["name"] for s in shard_metas for f in s["files"].values()}
         remove_unreferenced(out, keep)
-    size = sum(s["files"][f]["size"] for s in shard_metas for f in ("tok", "sa"))
+    size = sum(f["size"] for s in shard_metas for f in s["files"].values())
     return {
         "out": str(out),
         "kind": kind,

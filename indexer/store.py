@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -26,7 +25,7 @@ from . import discover as disc
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from .shard import ScanShard, Shard, join_documents, sentinel_for_width, width_for_vocab, write_shard
-from .types import (Continuation, CorruptShard, IndexerError, SearchResult, TokenizerMismatch)
+from .types import CorruptShard, IndexerError, SearchResult, TokenizerMismatch, make_continuation
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
 MERGE_FANOUT = 4  # shards of one size class that trigger a merge (log-structured, size-tiered)
@@ -232,24 +231,27 @@ class Datastore:
         m = len(ctx)
         if m < n_min:
             return SearchResult(0, 0, [])
-        w = self.width
-        cb = struct.pack(f">{m}{'H' if w == 2 else 'I'}", *ctx)
+        ctx_a = np.array(ctx, dtype=np.int64)
+        enc: dict = {}
         best, hits = 0, []
         for sh in shards:
-            nl = sh.longest(cb, max(n_min, best), m)
+            key = sh.width if sh.alpha is None else id(sh.alpha)
+            cb = enc.get(key)
+            if cb is None:
+                cb = enc[key] = sh.encode(ctx_a)
+            nl = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
             if nl == 0:
                 continue
             if nl > best:
-                best, hits = nl, [sh]
+                best, hits = nl, [(sh, cb)]
             else:
-                hits.append(sh)
+                hits.append((sh, cb))
         if best == 0:
             return SearchResult(0, 0, [])
-        p = cb[-best * w:]
         info = []
         total = 0
-        for sh in hits:
-            c, lo, hi = sh.count(p)
+        for sh, cb in hits:
+            c, lo, hi = sh.count(cb[-best * sh.width:])
             if c > 0:
                 info.append((sh, c, lo, hi))
                 total += c
@@ -267,7 +269,7 @@ class Datastore:
             uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
             order = np.argsort(-counts, kind="stable")  # rows are in token order already: ties by tokens
             rows = uniq[order].tolist()
-            conts = [Continuation(tuple(r[:ln]), c, c * wt) for r, ln, c in
+            conts = [make_continuation(tuple(r[:ln]), c, c * wt) for r, ln, c in
                      zip(rows, lengths[order].tolist(), counts[order].tolist())]
             return SearchResult(best, total, conts)
         acc: dict[tuple, list] = {}
@@ -282,7 +284,7 @@ class Datastore:
                 else:
                     a[0] += c
                     a[1] += c * wt
-        conts = [Continuation(t, c, wv) for t, (c, wv) in acc.items()]
+        conts = [make_continuation(t, c, wv) for t, (c, wv) in acc.items()]
         conts.sort(key=lambda x: (-x.weight, -x.count, x.tokens))
         return SearchResult(best, total, conts)
 
@@ -501,25 +503,36 @@ class Datastore:
             if sid in metas:
                 md = metas[sid]
                 md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
-        self._merge(m, metas, order, docs, shard_dir)
+        self._drop_empty(metas, order, docs)
         m["shards"] = [metas[s] for s in order]
         m["docs"] = pack_docs(docs)
         m["generation"] = int(m.get("generation", 0)) + 1
         m["stats"] = _stats_of(docs)
         self._commit(m)
+        summary["searchable_s"] = time.perf_counter() - t0
+        # merging comes after the update is searchable, as a commit of its own
+        before = list(order)
+        self._merge(m, metas, order, docs, shard_dir)
+        if order != before:
+            m = dict(m)
+            m["shards"] = [metas[s] for s in order]
+            m["docs"] = pack_docs(docs)
+            m["generation"] = int(m.get("generation", 0)) + 1
+            self._commit(m)
+            summary["merged"] = True
         summary["shards"] = len(order)
         summary["seconds"] = time.perf_counter() - t0
         return summary
 
+    @staticmethod
+    def _drop_empty(metas: dict, order: list, docs: dict) -> None:
+        alive = {d.shard for d in docs.values()}
+        for sid in [s for s in order if s not in alive]:
+            order.remove(sid)
+            metas.pop(sid, None)
+
     def _merge(self, m: dict, metas: dict, order: list, docs: dict, shard_dir: Path) -> None:
-        """Drop empty shards, compact mostly-dead ones, merge size classes with MERGE_FANOUT shards."""
-        alive_docs: dict[str, int] = {}
-        for d in docs.values():
-            alive_docs[d.shard] = alive_docs.get(d.shard, 0) + 1
-        for sid in list(order):
-            if alive_docs.get(sid, 0) == 0:
-                order.remove(sid)
-                metas.pop(sid, None)
+        """Compact mostly-dead shards, merge size classes holding MERGE_FANOUT shards."""
         while True:
             groups: dict[int, list[str]] = {}
             compact = None
@@ -546,7 +559,7 @@ class Datastore:
             if sh is None:  # written in this same update: load it
                 sh = Shard.load(shard_dir, metas[d.shard], self.width, verify=False)
                 by_id[sh.id] = sh
-            toks.append(np.asarray(sh.tok[d.start:d.end]))
+            toks.append(sh.ids(d.start, d.end))
         arr, spans = join_documents(toks, self.width)
         sid = self._next_id(m)
         meta, _ = write_shard(shard_dir, sid, m.get("kind", "repository"), arr, self.width,
@@ -565,10 +578,7 @@ class Datastore:
         write_manifest(self.path, m)
         self._sig = manifest_signature(self.path)
         self._load_from_manifest(m, verify=False)
-        keep = set()
-        for s in m["shards"]:
-            keep.add(s["files"]["tok"]["name"])
-            keep.add(s["files"]["sa"]["name"])
+        keep = {f["name"] for s in m["shards"] for f in s["files"].values()}
         remove_unreferenced(self.path, keep)
 
     def compact(self) -> dict:

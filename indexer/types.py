@@ -11,6 +11,14 @@ class Continuation:
     weight: float  # sum over shards of count * shard weight
 
 
+def make_continuation(tokens: tuple, count: int, weight: float) -> Continuation:
+    """Continuation(tokens, count, weight) without the frozen dataclass's per-field __setattr__ calls:
+    a search builds up to 5,000 of them."""
+    c = object.__new__(Continuation)
+    c.__dict__.update(tokens=tokens, count=count, weight=weight)
+    return c
+
+
 @dataclass(frozen=True)
 class SearchResult:
     match_len: int  # longest context suffix found (0: none)

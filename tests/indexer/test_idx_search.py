@@ -31,16 +31,21 @@ def _as_counter(r):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(docs=docs_st, ctx=ctx_st, dead_mask=st.lists(st.booleans(), min_size=6, max_size=6),
-       n_min=st.integers(1, 3), n_max=st.integers(1, 16), max_len=st.integers(1, 6), offset=st.sampled_from([0, 70000]))
-def test_suffix_array_shard_equals_naive_scan(docs, ctx, dead_mask, n_min, n_max, max_len, offset):
-    # offset 70000: ids above 65,535 in a uint32 store
+       n_min=st.integers(1, 3), n_max=st.integers(1, 16), max_len=st.integers(1, 6), offset=st.sampled_from([0, 70000]),
+       compact=st.booleans(), foreign=st.booleans())
+def test_suffix_array_shard_equals_naive_scan(docs, ctx, dead_mask, n_min, n_max, max_len, offset, compact, foreign):
+    # offset 70000: ids above 65,535 in a uint32 store, stored raw or as 2-byte ranks into the shard's
+    # alphabet (compact); foreign: the context holds an id that no document has
     vocab = 400 if offset == 0 else 80000
     docs = [[t + offset for t in d] for d in docs]
     ctx = [t + offset for t in ctx]
+    if foreign and ctx:
+        ctx[len(ctx) // 2] = offset + 7
     width = 2 if offset == 0 else 4
     arr, spans = join_documents(docs, width)
     dead = [s for s, m in zip(spans, dead_mask) if m]
-    sh = Shard.from_tokens("s", "repository", arr, width)
+    sh = Shard.from_tokens("s", "repository", arr, width, compact=compact)
+    assert (sh.alpha is not None) == (compact and width == 4)
     sh.set_dead(dead)
     alive = [d for d, m in zip(docs, dead_mask + [False] * len(docs)) if not m]
     ds = _with_shards(_store(vocab), [sh])

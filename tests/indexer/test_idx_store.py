@@ -147,9 +147,23 @@ def test_tokenizer_mismatch_names_both(tmp_path, bpe_tok_path, wide_tok_path):
 def test_wide_vocabulary_store_uses_uint32(tmp_path, wide_tok_path):
     write_files(tmp_path / "r", {"a.py": "w69999 w70 w65536 w5 w69999 w70 w65537\n"})
     ds = Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=wide_tok_path)
-    assert ds.width == 4
+    assert ds.width == 4 and ds.manifest["width"] == 4
+    # few distinct ids: stored as 2-byte ranks into the shard's alphabet, answers in real ids
+    assert ds.manifest["shards"][0]["token_width"] == 2 and "alpha" in ds.manifest["shards"][0]["files"]
     r = ds.search([69999, 70])
     assert r.count == 2 and sorted(c.tokens[0] for c in r.continuations) == [65536, 65537]
+    assert ds.search([69998, 70]).match_len == 0 and ds.search([69998, 69999, 70]).match_len == 2
+    # more distinct ids than 2 bytes can rank: 4-byte tokens, nothing truncated
+    (tmp_path / "r" / "b.py").write_text(" ".join(f"w{i}" for i in range(65600)) + " w69999 w70 w9\n")
+    ds.update_paths([tmp_path / "r" / "b.py"])
+    assert [s["token_width"] for s in ds.manifest["shards"]] == [2, 4]
+    r = ds.search([69999, 70])
+    assert r.count == 3 and sorted(c.tokens[0] for c in r.continuations) == [9, 65536, 65537]
+    assert ds.search([65598, 65599]).continuations[0].tokens == (69999, 70, 9)
+    ctxs = [[69999, 70], [65598, 65599], [1, 2, 3], [70, 65536]]
+    ds.compact()  # merging maps ranks back to ids
+    fresh = Datastore.build([tmp_path / "r"], tmp_path / "fresh", tokenizer=wide_tok_path)
+    assert results(ds, ctxs) == results(fresh, ctxs) and results(Datastore.open(tmp_path / "ds"), ctxs) == results(fresh, ctxs)
 
 
 def test_attached_corpus_is_searched_with_its_weight(tmp_path, bpe_tok_path):
