@@ -1,0 +1,266 @@
+"""Command lines of `rest-lsp bench` (`bench_main`) and `rest-lsp replay` (`replay_main`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .methods import METHODS
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model dir, .gguf file or hub id (default: the embedded model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "int8", "bf16", "fp16"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", required=True, help="humaneval, or a JSONL file of {\"prompt\", \"suffix\"?}")
+    p.add_argument("--limit", type=int, default=None, help="the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--datastore", default=None, help="corpus datastore directory (rest-index build)")
+    p.add_argument("--repo", default=None, help="a repository directory, indexed into a temporary datastore")
+
+
+def _load(args):
+    import torch
+
+    from rest_lsp.model.host import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t = time.perf_counter()
+    lm = load_model(args.model, device=args.device, precision=args.precision)
+    _log(f"model {lm.name} ({lm.precision}, {lm.device}) loaded in {time.perf_counter() - t:.1f} s")
+    return lm
+
+
+def _tokenizer_spec(lm) -> str | None:
+    """What the indexer needs to load the model's tokenizer (None: the embedded model's)."""
+    from rest_lsp.model.host import EMBEDDED_NAME
+
+    return str(lm.path) if getattr(lm, "path", None) is not None and lm.name != EMBEDDED_NAME else None
+
+
+def _datastores(args, lm, tmp: Path):
+    from indexer.store import Datastore
+
+    corpus = repo = None
+    tok = _tokenizer_spec(lm)
+    if args.datastore:
+        corpus = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False)
+    if args.repo:
+        t = time.perf_counter()
+        repo = Datastore.build([Path(args.repo).expanduser()], tmp / "repo-index", tokenizer=tok)
+        _log(f"indexed --repo {args.repo} in {time.perf_counter() - t:.1f} s")
+    return corpus, repo
+
+
+def _write_json(path: str, obj) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------- bench
+def bench_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rest-lsp bench",
+                                description="ar, pld, rest-paper and rest on the same model, one JSON report")
+    _data_args(p)
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {','.join(METHODS)} (default: all; rest-paper only with --datastore)")
+    p.add_argument("--rest-policy", default="rest", help="the rest method's draft sources (see docs/bench.md)")
+    p.add_argument("--draft-budget", type=int, default=None,
+                   help="rest: draft nodes per step (default: calibrated per step from c(q))")
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--plot", default=None, help="write a PNG of tokens/s and mean accepted tokens per method")
+    _model_args(p)
+    return p
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    args = bench_parser().parse_args(argv)
+    from .harness import format_table, plot, run_bench
+    from .policy import PolicyError, parse_policy
+    from .prompts import PromptsError, load_prompts
+
+    if args.methods is None:
+        methods = [m for m in METHODS if m != "rest-paper" or args.datastore]
+        if not args.datastore:
+            _log("rest-lsp bench: no --datastore, so no rest-paper (and rest without the corpus)")
+    else:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    try:
+        bad = [m for m in methods if m not in METHODS]
+        if bad or not methods:
+            raise PolicyError(f"unknown method(s) {', '.join(bad) or '(none)'}; one of {', '.join(METHODS)}")
+        if "rest-paper" in methods and not args.datastore:
+            raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
+        parse_policy(args.rest_policy)
+        prompts = load_prompts(args.prompts, args.limit)
+    except (PolicyError, PromptsError) as e:
+        _log(f"rest-lsp bench: {e}")
+        return 2
+    lm = _load(args)
+    with tempfile.TemporaryDirectory(prefix="rest-lsp-bench.") as tmp:
+        corpus, repo = _datastores(args, lm, Path(tmp))
+        report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
+                           repository=repo, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
+                           warmup=not args.no_warmup, log=_log)
+    report["prompts"] = args.prompts
+    report["datastore"] = args.datastore
+    report["repo"] = args.repo
+    report["command"] = "rest-lsp bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(format_table(report))
+    if args.json:
+        _write_json(args.json, report)
+        _log(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        _log(f"wrote {args.plot}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- replay
+def replay_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rest-lsp replay",
+        description="Record greedy outputs once, then evaluate draft policies offline (exact M, tree sizes, "
+                    "projected speedup from c(q), accepted-length histogram, sources)")
+    _data_args(p)
+    p.add_argument("--record", default=None,
+                   help="the greedy-output cache (JSONL); reused when it exists, recorded otherwise "
+                        "(default: one per model/prompts/limit/tokens in the user cache)")
+    p.add_argument("--rerecord", action="store_true", help="record again even if the cache exists")
+    p.add_argument("--measure-cost", action="store_true", help="measure c(q) with the model while recording")
+    p.add_argument("--policy", action="append", default=None,
+                   help="draft policy, repeatable: a preset (rest, paper, pld) or source=share,... "
+                        "(sources: context, history, repository, corpus, recycle, paper); default: rest")
+    p.add_argument("--budgets", default="4,8,16,64,auto", help="draft nodes per step, comma-separated; auto = "
+                   "chosen per step from c(q) as the engine does")
+    p.add_argument("--cost", default=None,
+                   help="c(q) table: notes-cpu, flat, record, or a JSON file (a bench report's cost_ms works)")
+    p.add_argument("--draft-len", type=int, default=10)
+    p.add_argument("--json", default=None)
+    _model_args(p)
+    return p
+
+
+def replay_main(argv: list[str] | None = None) -> int:
+    args = replay_parser().parse_args(argv)
+    from indexer.embedded import cache_root
+
+    from .policy import PolicyError, parse_policy
+    from .prompts import PromptsError, load_prompts
+    from .replay import cost_model, evaluate, format_table, read_records, record_key, record_prompts
+
+    policies = args.policy or ["rest"]
+    try:
+        for pol in policies:
+            parse_policy(pol)
+        budgets = []
+        for b in args.budgets.split(","):
+            b = b.strip()
+            if b:
+                budgets.append(None if b == "auto" else int(b))
+    except (PolicyError, ValueError) as e:
+        _log(f"rest-lsp replay: {e}")
+        return 2
+    lm = None
+    if args.record and Path(args.record).is_file() and not args.rerecord:
+        rec_path = Path(args.record)
+    else:
+        if args.record:
+            rec_path = Path(args.record)
+        else:
+            rec_path = None
+        try:
+            prompts = load_prompts(args.prompts, args.limit)
+        except PromptsError as e:
+            _log(f"rest-lsp replay: {e}")
+            return 2
+        lm = _load(args)
+        if rec_path is None:
+            key = record_key(lm.name, lm.precision, args.prompts, args.limit, args.max_new_tokens)
+            rec_path = cache_root() / "replay" / f"{key}.jsonl"
+        if not rec_path.is_file() or args.rerecord:
+            cost = None
+            if args.measure_cost:
+                from rest_lsp.engine.cost import measure_cost
+                from rest_lsp.engine.verifier import HFVerifier
+
+                c = measure_cost(HFVerifier(lm.model, lm.device), lm.model.config.vocab_size)
+                cost = {"qs": c.qs, "ms": c.ms}
+            record_prompts(lm, prompts, args.max_new_tokens, rec_path, prompts_spec=args.prompts, cost=cost,
+                           tokenizer=_tokenizer_spec(lm), log=_log)
+            _log(f"recorded greedy outputs into {rec_path}")
+    header, records = read_records(rec_path)
+    if args.limit is not None:
+        records = records[: args.limit]
+    _log(f"replaying {len(records)} recorded prompts from {rec_path} ({header.get('model')}, "
+         f"{header.get('max_new_tokens')} new tokens)")
+    try:
+        cost = cost_model(args.cost, header)
+    except (ValueError, OSError) as e:
+        _log(f"rest-lsp replay: {e}")
+        return 2
+    corpus = repo = None
+    with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
+        if args.datastore or args.repo:
+            from indexer.store import Datastore
+
+            tok = _tokenizer_spec(lm) if lm is not None else _record_tokenizer(header)
+            if args.datastore:
+                corpus = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False)
+            if args.repo:
+                repo = Datastore.build([Path(args.repo).expanduser()], Path(tmp) / "repo-index", tokenizer=tok)
+        results = []
+        for pol in policies:
+            for b in budgets:
+                try:
+                    results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo,
+                                            draft_len=args.draft_len))
+                except PolicyError as e:
+                    _log(f"rest-lsp replay: {e}")
+                    return 2
+    print(format_table(results))
+    if args.json:
+        _write_json(args.json, {"record": str(rec_path), "model": header.get("model"),
+                                "n_prompts": len(records), "max_new_tokens": header.get("max_new_tokens"),
+                                "cost_ms": {"qs": list(cost.qs), "ms": list(cost.ms)}, "results": results})
+        _log(f"wrote {args.json}")
+    return 0
+
+
+def _record_tokenizer(header: dict) -> str | None:
+    return header.get("tokenizer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rest_lsp.bench.cli bench|replay ...`"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("bench", "replay"):
+        _log("usage: python -m rest_lsp.bench.cli bench|replay ...")
+        return 2
+    return (bench_main if argv[0] == "bench" else replay_main)(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

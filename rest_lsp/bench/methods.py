@@ -1,0 +1,138 @@
+"""The benchmarked decoding methods, all over one loaded model (same weights, precision and device).
+
+    ar          plain greedy: the engine's own loop with no draft sources (one token per forward, through
+                the same verifier as the speculative methods, so the comparison measures drafting alone)
+    pld         transformers' prompt-lookup decoding: `generate(prompt_lookup_num_tokens=10)`, greedy
+    rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
+                order, a 64-node trie by raw counts
+    rest        the engine's full policy (context + repository + corpus by share) at the calibrated budget
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+METHODS = ("ar", "pld", "rest-paper", "rest")
+
+
+@dataclass
+class Run:
+    """One method on one prompt."""
+
+    tokens: list[int]
+    seconds: float  # prefill + decoding
+    prefill_seconds: float  # until the first new token is known
+    steps: int  # model forwards, the prefill included
+    stop_reason: str
+    retrieval_ms: list[float] = field(default_factory=list)  # drafting time per decoding step
+    draft_nodes: list[int] = field(default_factory=list)  # draft nodes verified per decoding step
+    accepted_sources: dict[str, int] = field(default_factory=dict)
+
+
+class EngineMethod:
+    """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
+
+    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None,
+                 draft_budget: int | None = None, draft_len: int = 10):
+        from .policy import build_sources
+
+        self.loaded = loaded
+        self.policy = policy
+        self.sources = build_sources(policy, corpus=corpus, repository=repository) if policy else []
+        self.draft_budget = draft_budget if self.sources else None
+        self.draft_len = draft_len
+        self.cost = None  # c(q), calibrated by the first engine that needs it, then shared
+
+    def describe(self) -> dict:
+        return {"loop": "rest_lsp.engine.Engine", "policy": self.policy,
+                "sources": {s.name: round(w, 4) for s, w in self.sources},
+                "draft_budget": self.draft_budget if self.sources else 0, "draft_len": self.draft_len}
+
+    def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
+        from rest_lsp.engine import Engine, GenerationConfig
+
+        # a fresh engine per prompt: no KV cache carried over from the previous prompt (pld has none either);
+        # the sources persist, so a history source sees earlier outputs as in a long-running daemon
+        engine = Engine(self.loaded, self.sources, cost=self.cost, max_draft_nodes=64,
+                        draft_len=self.draft_len, eos_token_ids=self.loaded.stop_ids)
+        if self.sources and self.draft_budget is None and self.cost is None:
+            engine._cost()  # calibrate c(q) outside the timed call (cached on disk per model/precision)
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens,
+                               draft_budget=self.draft_budget if self.sources else 0)
+        res = engine.generate(list(prompt_ids), cfg)
+        self.cost = engine.cost
+        return Run(list(res.tokens), res.prefill_s + res.decode_s, res.prefill_s, res.steps, res.stop_reason,
+                   list(res.retrieval_ms) if self.sources else [], list(res.draft_sizes),
+                   dict(res.accepted_sources))
+
+
+class _StepClock:
+    """A transformers streamer that timestamps every batch of new tokens (one per model forward)."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.marks: list[tuple[float, int]] = []
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() first puts the prompt itself
+            self.prompt_seen = True
+            return
+        self.marks.append((time.perf_counter(), int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+
+class PldMethod:
+    """transformers prompt-lookup decoding (greedy), the same model object as the other methods."""
+
+    def __init__(self, loaded, num_tokens: int = 10):
+        self.loaded = loaded
+        self.num_tokens = num_tokens
+
+    def describe(self) -> dict:
+        return {"loop": "transformers generate", "prompt_lookup_num_tokens": self.num_tokens}
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        lm = self.loaded
+        stop = list(lm.stop_ids)
+        pad = stop[0] if stop else lm.tokenizer.pad_token_id
+        # a fresh generation config: a checkpoint's own (repetition penalty, sampling) must not apply
+        gc = HFGenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                prompt_lookup_num_tokens=self.num_tokens, eos_token_id=stop or None,
+                                pad_token_id=pad)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)
+        clock = _StepClock()
+        t0 = time.perf_counter()
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, streamer=clock)
+        t1 = time.perf_counter()
+        new = out[0, ids.shape[1]:].tolist()
+        eos_at = next((i for i, t in enumerate(new) if t in set(stop)), None)
+        reason = "eos" if eos_at is not None else "max_tokens"
+        if eos_at is not None:
+            new = new[:eos_at]
+        prefill = (clock.marks[0][0] - t0) if clock.marks else (t1 - t0)
+        return Run(new, t1 - t0, prefill, max(1, len(clock.marks)), reason)
+
+
+def make_method(name: str, loaded, *, corpus=None, repository=None, rest_policy: str = "rest",
+                rest_budget: int | None = None):
+    from .policy import PolicyError
+
+    if name == "ar":
+        return EngineMethod(loaded, None)
+    if name == "pld":
+        return PldMethod(loaded)
+    if name == "rest-paper":
+        if corpus is None:
+            raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
+        return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64)
+    if name == "rest":
+        return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, draft_budget=rest_budget)
+    raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

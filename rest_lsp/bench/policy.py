@@ -1,0 +1,154 @@
+"""Draft policies for the benchmark and the replay: which sources, with which shares.
+
+A policy spec is a comma-separated list of `source=share` (shares are normalised by the engine), or a preset:
+
+    paper   REST as published: the corpus datastore only, n_max 16, the first k=5000 matches in suffix-array
+            order, the 64 heaviest trie nodes (by raw counts). Only the corpus.
+    rest    the engine's full policy as the daemon runs it (rest_lsp/service/backend.py):
+            context 0.5, repository 0.3, corpus 0.2 (sources without a datastore are left out)
+    pld     prompt lookup as a tree: the context alone
+
+Sources: context (the prompt + output so far), history (text generated earlier in this process),
+repository (--repo), corpus (--datastore), recycle (the model's own earlier top-k; needs logits, so in the
+replay it sees only the rows of the true path), paper (the corpus, first-k in suffix-array order).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+import numpy as np
+
+PRESETS = {
+    "paper": "paper=1",
+    "rest": "context=0.5,repository=0.3,corpus=0.2",
+    "pld": "context=1",
+}
+SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper")
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def parse_policy(spec: str) -> list[tuple[str, float]]:
+    """'context=0.5,corpus=0.2' or a preset name -> [(source, share), ...]."""
+    spec = PRESETS.get(spec, spec)
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, share = part.partition("=")
+        name = name.strip()
+        if name not in SOURCE_NAMES:
+            raise PolicyError(f"unknown draft source {name!r} in policy {spec!r}; one of {', '.join(SOURCE_NAMES)}")
+        try:
+            w = float(share) if share else 1.0
+        except ValueError:
+            raise PolicyError(f"bad share {share!r} for {name} in policy {spec!r}") from None
+        if w <= 0:
+            raise PolicyError(f"share of {name} must be positive in policy {spec!r}")
+        out.append((name, w))
+    return out
+
+
+def build_sources(spec: str, *, corpus=None, repository=None, strict: bool = False):
+    """[(DraftSource, share)] for a policy, shares normalised over the sources present (as `Engine` does);
+    sources whose datastore is missing are skipped (or an error when `strict`; the paper source always
+    needs its corpus, as the paper baseline must not silently become plain decoding)."""
+    from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
+
+    sources = []
+    for name, share in parse_policy(spec):
+        if name == "context":
+            sources.append((ContextSource(), share))
+        elif name == "history":
+            sources.append((HistorySource(), share))
+        elif name == "recycle":
+            sources.append((RecyclingSource(), share))
+        elif name in ("corpus", "paper"):
+            if corpus is None:
+                if strict or name == "paper":
+                    raise PolicyError(f"draft source {name!r} needs a corpus datastore (--datastore DIR)")
+                continue
+            sources.append((PaperSource(corpus) if name == "paper" else DatastoreSource(corpus, name="corpus"),
+                            share))
+        elif name == "repository":
+            if repository is None:
+                if strict:
+                    raise PolicyError("draft source 'repository' needs --repo DIR")
+                continue
+            sources.append((DatastoreSource(repository, name="repository"), share))
+    total = sum(w for _, w in sources) or 1.0  # as the engine does: the present sources' shares sum to 1
+    return [(s, w / total) for s, w in sources]
+
+
+class PaperSource:
+    """REST as published: the longest context suffix (16 down to 2 tokens) found in the datastore, and the
+    continuations of its first k occurrences in suffix-array order (a biased sample when there are more than
+    k: the reference implementation's behaviour), weighted by raw counts."""
+
+    name = "paper"
+
+    def __init__(self, datastore, n_max: int = 16, n_min: int = 2, k: int = 5000):
+        self.datastore = datastore
+        self.n_max, self.n_min, self.k = n_max, n_min, k
+        self.last_match_len: int | None = 0
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        conts = first_k_continuations(self.datastore, context, n_max=self.n_max, n_min=self.n_min, k=self.k,
+                                      max_len=max_len)
+        self.last_match_len = conts[0] if conts else 0
+        return conts[1] if conts else []
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+def first_k_continuations(ds, context: Sequence[int], *, n_max: int, n_min: int, k: int, max_len: int):
+    """(match_len, [(continuation, count)]) over the first k occurrences in suffix-array order, or None.
+
+    Uses the datastore's shards directly (`Datastore.search` spreads its sample evenly over all matches,
+    which is the project's fix of exactly this bias)."""
+    shards = ds._snapshot
+    ctx = [int(x) for x in list(context[-n_max:])]
+    for i in range(len(ctx) - 1, -1, -1):
+        if not 0 <= ctx[i] < ds.sentinel:
+            ctx = ctx[i + 1:]
+            break
+    m = len(ctx)
+    if m < max(1, n_min) or not shards:
+        return None
+    w = ds.width
+    cb = struct.pack(f">{m}{'H' if w == 2 else 'I'}", *ctx)
+    best, hits = 0, []
+    for sh in shards:
+        n = sh.longest(cb, max(n_min, best), m)
+        if n == 0:
+            continue
+        if n > best:
+            best, hits = n, [sh]
+        else:
+            hits.append(sh)
+    if best == 0:
+        return None
+    p = cb[-best * w:]
+    acc: dict[tuple[int, ...], int] = {}
+    left = k
+    for sh in hits:  # largest shards first (the snapshot's order): "first k" across shards in that order
+        if left <= 0:
+            break
+        c, lo, hi = sh.count(p)
+        if c <= 0:
+            continue
+        if hasattr(sh, "sa"):
+            top = min(hi, lo + left)
+            pos = sh.sample(lo, top, top - lo)
+        else:  # a scan shard has no suffix array: first in text order
+            pos = sh.sample(lo, hi, hi - lo)[:left]
+        left -= int(pos.size)
+        uniq, lengths, counts = sh.continuations(np.asarray(pos, dtype=np.int64), best, max_len)
+        for row, ln, cnt in zip(uniq.tolist(), lengths.tolist(), counts.tolist()):
+            if ln > 0:
+                t = tuple(row[:ln])
+                acc[t] = acc.get(t, 0) + cnt
+    conts = sorted(acc.items(), key=lambda kv: (-kv[1], kv[0]))
+    return best, [(t, float(c)) for t, c in conts]

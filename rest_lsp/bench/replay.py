@@ -1,0 +1,286 @@
+"""`rest-lsp replay`: evaluate draft policies offline, exactly, in seconds.
+
+Greedy speculative decoding emits exactly the greedy sequence. So the tokens a step accepts are the longest
+path of its draft tree that matches the true greedy continuation, and replaying recorded greedy outputs
+gives every step of a real run without the model: the draft tree built from the same context (prompt plus
+output so far), the accepted path, the emitted tokens, hence M (tokens per model step), the tree sizes q,
+and a projected speedup from a cost table c(q):
+
+    projected speedup = (decoded tokens * c(1)) / sum over steps of (c(q_step) + retrieval ms)
+
+Recording runs the model once (greedy, the engine's own verifier, one token per forward) and stores the
+prompt ids, the output ids and the model's top-k after each output token (for the recycling source, which
+in the replay sees only the rows of the true path; a real run also sees the rejected draft rows).
+The draft construction below is the engine's (`Engine._draft`): the same sources, trie mixing, ranking and
+budget rule, so for deterministic sources the replayed steps equal a real run's steps (tests assert it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+RECORD_KIND = "rest-lsp-replay"
+RECORD_VERSION = 1
+# c(q) in ms measured on the 2-core development CPU, Qwen2.5-Coder-0.5B eager fp32, 300-token cache
+# (shared/NOTES.md); the default cost table when a record carries no measured one.
+NOTES_CPU_COST = {"qs": [1, 4, 8, 16, 32, 64], "ms": [293.0, 745.0, 824.0, 1187.0, 1397.0, 2070.0]}
+
+
+@dataclass
+class Record:
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    topk: list[list[int]] = field(default_factory=list)  # [len(output), k]: top-k after each output token
+    stop_reason: str = "max_tokens"
+
+
+# ---------------------------------------------------------------------------------------- recording
+def greedy_record(loaded, prompt_ids: Sequence[int], max_new_tokens: int, k: int = 8) -> Record:
+    """Plain greedy decoding through the engine's verifier, keeping the top-k of every output row."""
+    import torch
+
+    from rest_lsp.engine.verifier import HFVerifier, chain_mask
+
+    v = HFVerifier(loaded.model, loaded.device)
+    stop = set(loaded.stop_ids)
+    n = len(prompt_ids)
+    with torch.inference_mode():
+        row = v.forward(torch.tensor(list(prompt_ids)), torch.arange(n), chain_mask(n))[-1]
+        out: list[int] = []
+        topk: list[list[int]] = []
+        reason = "max_tokens"
+        while len(out) < max_new_tokens:
+            tok = int(row.argmax())
+            if tok in stop:
+                reason = "eos"
+                break
+            out.append(tok)
+            row = v.forward(torch.tensor([tok]), torch.zeros(1, dtype=torch.long), chain_mask(1))[-1]
+            topk.append(row.topk(k).indices.tolist())
+    return Record("", list(prompt_ids), out, topk, reason)
+
+
+def record_prompts(loaded, prompts, max_new_tokens: int, path: Path, *, prompts_spec: str, k: int = 8,
+                   cost: dict | None = None, tokenizer: str | None = None,
+                   log: Callable[[str], None] | None = None) -> list[Record]:
+    """Record greedy outputs for every prompt into a JSONL file (written atomically)."""
+    log = log or (lambda s: None)
+    records = []
+    for i, p in enumerate(prompts):
+        t = time.perf_counter()
+        ids = loaded.build_prompt(p.prefix, p.suffix, max_new_tokens=max_new_tokens)
+        rec = greedy_record(loaded, ids, max_new_tokens, k)
+        rec.id = p.id
+        records.append(rec)
+        log(f"recorded [{i + 1}/{len(prompts)}] {p.id}: {len(rec.output_ids)} tokens, {time.perf_counter() - t:.1f} s")
+    header = {"kind": RECORD_KIND, "version": RECORD_VERSION, "model": loaded.name,
+              "precision": loaded.precision, "device": str(loaded.device), "prompts": prompts_spec,
+              "n_prompts": len(prompts), "max_new_tokens": max_new_tokens, "topk": k, "cost_ms": cost,
+              "tokenizer": tokenizer}
+    write_records(path, header, records)
+    return records
+
+
+def write_records(path: Path, header: dict, records: Sequence[Record]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(header) + "\n")
+            for r in records:
+                f.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
+                                    "topk": r.topk, "stop_reason": r.stop_reason}) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_records(path: Path) -> tuple[dict, list[Record]]:
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        lines = [ln for ln in f if ln.strip()]
+    if not lines:
+        raise ValueError(f"{path} is empty")
+    header = json.loads(lines[0])
+    if header.get("kind") != RECORD_KIND:
+        raise ValueError(f"{path} is not a rest-lsp replay record")
+    recs = []
+    for ln in lines[1:]:
+        o = json.loads(ln)
+        recs.append(Record(o["id"], o["prompt_ids"], o["output_ids"], o.get("topk") or [],
+                           o.get("stop_reason", "max_tokens")))
+    return header, recs
+
+
+def record_key(model_name: str, precision: str, prompts_spec: str, limit, max_new_tokens: int) -> str:
+    p = Path(prompts_spec)
+    ident = prompts_spec
+    if p.is_file():  # a prompts file: its content decides
+        ident = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    raw = f"{model_name}|{precision}|{ident}|{limit}|{max_new_tokens}"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_name)[:40]
+    return f"{safe}-{precision}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
+# ---------------------------------------------------------------------------------------- cost tables
+def cost_model(spec: str | None, header: dict | None = None):
+    """'notes-cpu' (the table measured on the development CPU), 'flat' (a GPU-like curve), 'record' (the
+    c(q) measured while recording), or a JSON file {"qs": [...], "ms": [...]} (e.g. a bench report's cost_ms)."""
+    from rest_lsp.engine.cost import CostModel
+
+    if spec in (None, "auto"):
+        spec = "record" if header and header.get("cost_ms") else "notes-cpu"
+    if spec == "notes-cpu":
+        d = NOTES_CPU_COST
+    elif spec == "flat":
+        return CostModel.flat()
+    elif spec == "record":
+        d = (header or {}).get("cost_ms")
+        if not d:
+            raise ValueError("the record carries no measured c(q) (record with --measure-cost)")
+    else:
+        obj = json.loads(Path(spec).read_text())
+        d = obj.get("cost_ms", obj) if isinstance(obj, dict) else None
+        if not d or "qs" not in d:
+            raise ValueError(f"{spec}: expected {{\"qs\": [...], \"ms\": [...]}} or a bench report with cost_ms")
+    return CostModel([int(q) for q in d["qs"]], [float(m) for m in d["ms"]])
+
+
+# ---------------------------------------------------------------------------------------- replay
+def draft_tree(sources, context: Sequence[int], budget: int | None, cost, *, max_draft_nodes: int = 64,
+               draft_len: int = 10):
+    """The engine's draft for this context: the same steps as `Engine._draft`."""
+    from rest_lsp.engine.cost import best_size
+    from rest_lsp.engine.tree import DraftTree, flatten, rank_nodes
+    from rest_lsp.engine.trie import match_strength, mix
+
+    n = max_draft_nodes if budget is None else budget
+    if not sources or n <= 0:
+        return DraftTree.single(context[-1])
+    proposals = []
+    for source, share in sources:
+        conts = source.propose(context, draft_len)
+        proposals.append((source.name, share, match_strength(getattr(source, "last_match_len", None)), conts))
+    trie = mix(context[-1], proposals)
+    order = rank_nodes(trie, n)
+    if budget is None:
+        order = order[: best_size([min(1.0, trie.nodes[i].mass) for i in order], cost)]
+    return flatten(trie, order)
+
+
+@dataclass
+class Step:
+    q: int  # tokens verified (root + draft nodes)
+    emitted: int  # tokens this step emits (accepted draft tokens + the model's next token)
+    accepted: int  # accepted draft tokens
+    retrieval_ms: float
+    sources: list[str]  # the source of each accepted node
+
+
+def replay_one(rec: Record, sources, budget: int | None, cost, *, max_draft_nodes: int = 64,
+               draft_len: int = 10) -> list[Step]:
+    """Every decoding step of a greedy speculative run on this record (the prefill not included)."""
+    out = rec.output_ids
+    if not out:
+        return []
+    for s, _ in sources:
+        if hasattr(s, "begin"):
+            s.begin(rec.prompt_ids)
+        s.observe([out[0]])
+    context = list(rec.prompt_ids) + [out[0]]
+    i = 0  # out[i] is the pending root
+    steps: list[Step] = []
+    while i < len(out) - 1:
+        t0 = time.perf_counter()
+        tree = draft_tree(sources, context, budget, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
+        ms = (time.perf_counter() - t0) * 1000
+        kids = tree.children()
+        path = [0]
+        while i + len(path) < len(out) and (c := kids[path[-1]].get(out[i + len(path)])) is not None:
+            path.append(c)
+        new = out[i + 1: i + len(path) + 1]  # the accepted nodes, then the model's own next token
+        steps.append(Step(len(tree), len(new), len(path) - 1, ms, [tree.sources[c] for c in path[1:]]))
+        listeners = [s for s, _ in sources if hasattr(s, "observe_forward")]
+        if listeners and rec.topk:
+            rows = [rec.topk[i + d] for d in range(len(path)) if i + d < len(rec.topk)]
+            for s in listeners:
+                s.observe_forward([tree.tokens[c] for c in path][: len(rows)], rows)
+        for s, _ in sources:
+            s.observe(new)
+        context += new
+        i += len(new)
+    return steps
+
+
+def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
+             repository=None, max_draft_nodes: int = 64, draft_len: int = 10) -> dict:
+    """M, tree sizes, projected speedup, histogram and sources for one policy at one budget."""
+    from .policy import build_sources
+
+    t = time.perf_counter()
+    sources = build_sources(policy, corpus=corpus, repository=repository)
+    steps: list[Step] = []
+    per_prompt = []
+    for rec in records:
+        s = replay_one(rec, sources, budget, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
+        steps += s
+        per_prompt.append({"id": rec.id, "steps": len(s), "tokens": sum(x.emitted for x in s),
+                           "mean_accepted": (sum(x.emitted for x in s) / len(s)) if s else None})
+    tokens = sum(x.emitted for x in steps)
+    c1 = cost(1)
+    spec_ms = sum(cost(x.q) for x in steps)
+    retr = [x.retrieval_ms for x in steps]
+    hist: dict[int, int] = {}
+    by_token: dict[str, int] = {}
+    by_run: dict[str, int] = {}
+    for x in steps:
+        hist[x.accepted] = hist.get(x.accepted, 0) + 1
+        for name in x.sources:
+            by_token[name] = by_token.get(name, 0) + 1
+        if x.sources:  # a run is credited to the source of its deepest accepted node
+            by_run[x.sources[-1]] = by_run.get(x.sources[-1], 0) + 1
+    return {
+        "policy": policy,
+        "sources": {s.name: round(w, 4) for s, w in sources},
+        "budget": "auto" if budget is None else budget,
+        "steps": len(steps),
+        "tokens": tokens,
+        "mean_accepted": tokens / len(steps) if steps else None,
+        "mean_tree_nodes": float(np.mean([x.q - 1 for x in steps])) if steps else None,
+        "projected_speedup": (tokens * c1) / (spec_ms + sum(retr)) if steps else None,
+        "projected_speedup_no_retrieval": (tokens * c1) / spec_ms if steps else None,
+        "retrieval_ms_p50": float(np.percentile(retr, 50)) if retr else None,
+        "retrieval_ms_p99": float(np.percentile(retr, 99)) if retr else None,
+        "accepted_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "accepted_tokens_by_source": by_token,
+        "runs_by_source": by_run,
+        "seconds": time.perf_counter() - t,
+        "per_prompt": per_prompt,
+    }
+
+
+def format_table(results: Sequence[dict]) -> str:
+    head = (f"{'policy':<40} {'budget':>6} {'M':>5} {'nodes':>6} {'proj.x':>6} {'no-ret':>6} "
+            f"{'ret p99':>7}  sources (accepted runs)")
+    lines = [head, "-" * len(head)]
+
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else format("-", ">" + fmt.split(".")[0])
+
+    for r in results:
+        runs = ", ".join(f"{k} {v}" for k, v in sorted(r["runs_by_source"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"{r['policy'][:40]:<40} {str(r['budget']):>6} {f(r['mean_accepted'], '5.2f')} "
+                     f"{f(r['mean_tree_nodes'], '6.1f')} {f(r['projected_speedup'], '6.2f')} "
+                     f"{f(r['projected_speedup_no_retrieval'], '6.2f')} {f(r['retrieval_ms_p99'], '7.2f')}  {runs}")
+    return "\n".join(lines)

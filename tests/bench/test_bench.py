@@ -1,0 +1,88 @@
+import json
+
+import pytest
+
+from rest_lsp.bench.cli import bench_main
+
+KEYS = {"tokens", "seconds", "prefill_seconds", "tokens_per_s", "speedup_vs_ar", "steps", "mean_accepted",
+        "retrieval_ms_p50", "retrieval_ms_p99", "identical_to_ar", "per_prompt"}
+
+
+def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = bench_main(["--model", str(tiny_dir), "--prompts", "humaneval", "--limit", "2",
+                     "--methods", "ar,pld,rest-paper,rest", "--datastore", str(corpus_dir),
+                     "--max-new-tokens", "24", "--json", str(out), "--plot", str(png), "--device", "cpu"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert list(r["methods"]) == ["ar", "pld", "rest-paper", "rest"]
+    assert r["n_prompts"] == 2 and r["max_new_tokens"] == 24 and r["precision"] == "fp32"
+    for name, m in r["methods"].items():
+        assert KEYS <= set(m), name
+        assert len(m["per_prompt"]) == 2
+        assert [p["id"] for p in m["per_prompt"]] == ["HumanEval/0", "HumanEval/1"]
+        assert m["tokens"] == sum(p["tokens"] for p in m["per_prompt"]) > 0
+        assert m["prefill_seconds"] < m["seconds"]
+        assert m["tokens_per_s"] > 0 and m["steps"] >= 2
+        assert 0.0 <= m["identical_to_ar"] <= 1.0
+    ar = r["methods"]["ar"]
+    assert ar["speedup_vs_ar"] == pytest.approx(1.0) and ar["mean_accepted"] == pytest.approx(1.0)
+    assert ar["retrieval_ms_p50"] is None
+    # greedy speculative decoding is exact: the engine's methods emit exactly ar's tokens
+    for name in ("ar", "rest-paper", "rest"):
+        assert r["methods"][name]["identical_to_ar"] == 1.0, name
+    for name in ("rest-paper", "rest"):
+        m = r["methods"][name]
+        assert m["retrieval_ms_p50"] is not None and m["retrieval_ms_p99"] >= m["retrieval_ms_p50"]
+        assert m["mean_accepted"] >= 1.0
+        # steps and tokens agree with M: each decoding step emits M tokens on average
+        dec_tokens = m["tokens"] - 2
+        assert m["mean_accepted"] == pytest.approx(dec_tokens / (m["steps"] - 2))
+    assert r["methods"]["rest-paper"]["config"]["sources"] == {"paper": 1.0}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "rest-paper" in table and "tok/s" in table
+
+
+def test_bench_jsonl_with_suffix_and_repo(tiny_dir, prompts_file, tmp_path):
+    import json as json_mod
+    from pathlib import Path
+
+    out = tmp_path / "r.json"
+    repo = Path(json_mod.__file__).parent
+    rc = bench_main(["--model", str(tiny_dir), "--prompts", str(prompts_file), "--limit", "2",
+                     "--methods", "rest,ar", "--repo", str(repo), "--rest-policy", "context=0.5,repository=0.5",
+                     "--max-new-tokens", "16", "--json", str(out), "--no-warmup"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert list(r["methods"]) == ["rest", "ar"]
+    assert r["methods"]["rest"]["config"]["sources"] == {"context": 0.5, "repository": 0.5}
+    assert r["methods"]["rest"]["identical_to_ar"] == 1.0
+    assert [p["id"] for p in r["methods"]["ar"]["per_prompt"]] == ["dumps", "fim"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--prompts", "humaneval", "--methods", "ar,nope"], "unknown method"),
+    (["--prompts", "humaneval", "--methods", "rest-paper"], "needs a corpus datastore"),
+    (["--prompts", "/no/such/file.jsonl"], "does not exist"),
+    (["--prompts", "humaneval", "--limit", "0"], "at least 1"),
+    (["--prompts", "humaneval", "--rest-policy", "context=1,bogus=2"], "unknown draft source"),
+])
+def test_bench_bad_arguments(argv, msg, capsys, monkeypatch):
+    import rest_lsp.model.host as host
+
+    monkeypatch.setattr(host, "load_model", lambda *a, **k: pytest.fail("should fail before loading a model"))
+    assert bench_main(argv) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_bad_jsonl_rows(tmp_path):
+    from rest_lsp.bench.prompts import PromptsError, load_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "x"}\n{"suffix": "y"}\n')
+    with pytest.raises(PromptsError, match=":2:"):
+        load_prompts(str(f))
+    f.write_text('{"prompt": "x", "suffix": "y"}\n\n{"prompt": "z"}\n')
+    rows = load_prompts(str(f))
+    assert [(r.prefix, r.suffix) for r in rows] == [("x", "y"), ("z", None)]

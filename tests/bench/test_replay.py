@@ -1,0 +1,145 @@
+import json
+
+import numpy as np
+import pytest
+
+from rest_lsp.bench.cli import replay_main
+from rest_lsp.bench.policy import PolicyError, build_sources, first_k_continuations, parse_policy
+from rest_lsp.bench.prompts import load_prompts
+from rest_lsp.bench.replay import evaluate, greedy_record, read_records, replay_one
+from rest_lsp.engine.cost import CostModel
+
+COST = CostModel([1, 2, 4, 8, 16, 64], [10.0, 11.0, 13.0, 20.0, 35.0, 120.0])
+
+
+@pytest.fixture(scope="module")
+def records(tiny_lm, prompts_file):
+    recs = []
+    for p in load_prompts(str(prompts_file)):
+        r = greedy_record(tiny_lm, tiny_lm.build_prompt(p.prefix, p.suffix), 40)
+        r.id = p.id
+        recs.append(r)
+    return recs
+
+
+def test_record_is_plain_greedy(tiny_lm, records):
+    import torch
+
+    rec = records[0]
+    with torch.no_grad():
+        out = tiny_lm.model.generate(torch.tensor([rec.prompt_ids]), max_new_tokens=len(rec.output_ids),
+                                     do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out[0, len(rec.prompt_ids):].tolist() == rec.output_ids
+    assert len(rec.topk) == len(rec.output_ids) and all(len(t) == 8 for t in rec.topk)
+    # the top-1 after output token i is the next output token
+    assert [t[0] for t in rec.topk[:-1]] == rec.output_ids[1:]
+
+
+@pytest.mark.parametrize("policy,budget", [("rest", 4), ("rest", None), ("context=1,corpus=1", 16),
+                                           ("paper", 64)])
+def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, budget):
+    """The replayed steps are the steps a real speculative run takes (deterministic sources)."""
+    from indexer.store import Datastore
+    from rest_lsp.engine import Engine, GenerationConfig
+
+    corpus = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
+    replayed, real, sizes = [], [], []
+    for rec in records:
+        steps = replay_one(rec, build_sources(policy, corpus=corpus), budget, COST)
+        engine = Engine(tiny_lm, build_sources(policy, corpus=corpus), cost=COST, eos_token_ids=tiny_lm.stop_ids)
+        res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=len(rec.output_ids),
+                                                               draft_budget=budget))
+        assert res.tokens == rec.output_ids
+        acc = list(res.accepted[1:])
+        while acc and acc[-1] == 0:  # a final step cut away entirely by a stop rule
+            acc.pop()
+        real.append(acc)
+        replayed.append([s.emitted for s in steps])
+        assert res.draft_sizes[: len(steps)] == [s.q - 1 for s in steps]
+        sizes += res.draft_sizes
+    assert replayed == real
+    assert max(sizes) > 0, "the check should cover steps with drafts"
+    if policy != "paper":  # the random tiny model never continues like the corpus, but it repeats itself
+        assert any(max(r) > 1 for r in real), "the check should cover steps that accept drafts"
+
+
+def test_evaluate_reports(records, corpus_dir, tiny_lm):
+    from indexer.store import Datastore
+
+    corpus = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
+    none = evaluate(records, "rest", 0, COST, corpus=corpus)
+    assert none["mean_accepted"] == 1.0 and none["mean_tree_nodes"] == 0.0
+    assert none["projected_speedup_no_retrieval"] == pytest.approx(1.0)
+    r = evaluate(records, "rest", 16, COST, corpus=corpus)
+    assert r["tokens"] == sum(len(x.output_ids) - 1 for x in records)
+    assert r["mean_accepted"] == pytest.approx(r["tokens"] / r["steps"])
+    assert sum(r["accepted_histogram"].values()) == r["steps"]
+    assert sum(int(k) * v for k, v in r["accepted_histogram"].items()) == sum(r["accepted_tokens_by_source"].values())
+    assert set(r["accepted_tokens_by_source"]) <= {"context", "corpus"}
+    assert r["mean_accepted"] > 1.0
+    # projected speedup uses c(q): more tokens per step, each step costing c(q)
+    assert r["projected_speedup_no_retrieval"] > 0
+    flat = evaluate(records, "rest", 16, CostModel.flat(), corpus=corpus)
+    assert flat["projected_speedup_no_retrieval"] == pytest.approx(flat["mean_accepted"])
+
+
+def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
+    """rest-paper's sample: the first k occurrences in suffix-array order, checked by brute force."""
+    from indexer.store import Datastore
+
+    ds = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
+    (sh,) = ds._snapshot
+    tok = np.asarray(sh.tok, dtype=np.int64)[: sh.n]
+    context = tiny_lm.tokenizer.encode("        if ", add_special_tokens=False)
+    n, conts = first_k_continuations(ds, context, n_max=16, n_min=1, k=5, max_len=3)
+    pat = context[-n:]
+    hits = [i for i in range(len(tok) - n) if tok[i:i + n].tolist() == pat]
+    assert len(hits) > 5  # the sample is a real subset
+    first = sorted(hits, key=lambda i: tok[i:i + 64].tolist())[:5]
+    expect = {}
+    for i in first:
+        c = []
+        for t in tok[i + n:i + n + 3].tolist():
+            if t == sh.sentinel:
+                break
+            c.append(t)
+        if c:
+            expect[tuple(c)] = expect.get(tuple(c), 0) + 1
+    assert dict((t, int(w)) for t, w in conts) == expect
+
+
+def test_policy_parsing():
+    assert parse_policy("rest") == [("context", 0.5), ("repository", 0.3), ("corpus", 0.2)]
+    assert parse_policy("context,recycle=2") == [("context", 1.0), ("recycle", 2.0)]
+    for bad in ("nope=1", "context=x", "context=0"):
+        with pytest.raises(PolicyError):
+            parse_policy(bad)
+    with pytest.raises(PolicyError, match="needs a corpus"):
+        build_sources("paper")
+    assert [s.name for s, _ in build_sources("rest")] == ["context"]  # no datastores: context alone
+
+
+def test_replay_cli_records_once(tiny_dir, prompts_file, corpus_dir, tmp_path, monkeypatch, capsys):
+    rec, out = tmp_path / "rec.jsonl", tmp_path / "rp.json"
+    base = ["--prompts", str(prompts_file), "--max-new-tokens", "24", "--record", str(rec)]
+    assert replay_main(base + ["--model", str(tiny_dir), "--policy", "pld", "--budgets", "4"]) == 0
+    header, recs = read_records(rec)
+    assert header["model"] == "model" and len(recs) == 3 and header["tokenizer"] == str(tiny_dir)
+    # the second run replays from the record alone: no model is loaded
+    import rest_lsp.model.host as host
+
+    monkeypatch.setattr(host, "load_model", lambda *a, **k: pytest.fail("replay must reuse the record"))
+    assert replay_main(base + ["--datastore", str(corpus_dir), "--policy", "rest", "--policy", "paper",
+                               "--policy", "context=0.5,recycle=0.5", "--budgets", "4,auto",
+                               "--cost", "flat", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [(x["policy"], x["budget"]) for x in r["results"]] == [
+        ("rest", 4), ("rest", "auto"), ("paper", 4), ("paper", "auto"),
+        ("context=0.5,recycle=0.5", 4), ("context=0.5,recycle=0.5", "auto")]
+    for x in r["results"]:
+        assert {"mean_accepted", "mean_tree_nodes", "projected_speedup", "accepted_histogram",
+                "runs_by_source", "accepted_tokens_by_source"} <= set(x)
+    assert "runs_by_source" in r["results"][0] and r["cost_ms"] == {"qs": [1], "ms": [1.0]}
+    assert "budget" in capsys.readouterr().out
+    assert replay_main(base + ["--policy", "bogus"]) == 2
+    assert replay_main(base + ["--cost", str(tmp_path / "missing.json")]) == 2
