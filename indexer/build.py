@@ -40,6 +40,33 @@ def corpus_filters() -> disc.Filters:
     return disc.Filters(languages=("python",), exclude_dirs=frozenset(ex))
 
 
+def default_corpus_dir(tokenizer=None) -> Path:
+    """Where the default corpus for this tokenizer lives: <rest-lsp cache>/corpus/<vocab hash>."""
+    from .embedded import cache_root
+    from .tokenizer import fingerprint, load_tokenizer
+
+    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    return cache_root() / "corpus" / fingerprint(tok)["vocab_hash"][:16]
+
+
+def ensure_corpus(tokenizer=None, *, progress: bool = False, max_tokens: int | None = None) -> Path:
+    """The default corpus datastore (stdlib + site-packages) for this tokenizer, built on first use.
+    Takes minutes once (about 50M tokens with torch and transformers installed)."""
+    from .manifest import read_manifest
+
+    from .tokenizer import load_tokenizer
+
+    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    out = default_corpus_dir(tok)
+    try:
+        read_manifest(out)
+        return out
+    except IndexerError:
+        pass
+    build_datastore([], out, tokenizer=tok, corpus_from_env=True, progress=progress, max_tokens=max_tokens)
+    return out
+
+
 class _Progress:
     def __init__(self, enabled: bool, total: int):
         self.bar = None
@@ -172,7 +199,7 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
                 batch_text.append(text)
                 batch_meta.append((str(c.path), len(raw), c.mtime_ns, content_hash(raw)))
                 batch_bytes += len(raw)
-                if batch_bytes >= BATCH_BYTES:
+                if batch_bytes >= (BATCH_BYTES if max_tokens is None else min(BATCH_BYTES, max(1 << 16, max_tokens))):
                     flush_batch()
             flush_batch()
             flush_shard()

@@ -214,8 +214,8 @@ class Datastore:
             now = time.monotonic()
             if now >= self._next_refresh:
                 self._next_refresh = now + REFRESH_INTERVAL_S
-                try:
-                    self.refresh()
+                try:  # never waits for a writer; new shards get size checks (their writer hashed them)
+                    self.refresh(verify=False, wait=False)
                 except Exception:  # keep serving the state we have
                     pass
         shards = self._snapshot
@@ -302,14 +302,17 @@ class Datastore:
                 self._rebuild_snapshot()
 
     # ---- refresh (another process wrote the directory) ---------------------------------------------
-    def refresh(self, *, verify: bool = True) -> bool:
-        """Reload the manifest if another writer changed it; unchanged shards stay mapped."""
+    def refresh(self, *, verify: bool = True, wait: bool = True) -> bool:
+        """Reload the manifest if another writer changed it; unchanged shards stay mapped. Returns whether
+        it reloaded (`wait=False`: not when this object's own writer holds the lock right now)."""
         if self.path is None:
             return False
         sig = manifest_signature(self.path)
         if sig is None or sig == self._sig:
             return False
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             sig = manifest_signature(self.path)
             if sig == self._sig:
                 return False
@@ -317,6 +320,8 @@ class Datastore:
             self._load_from_manifest(m, verify=verify)
             self._sig = sig
             return True
+        finally:
+            self._lock.release()
 
     def _load_from_manifest(self, m: dict, *, verify: bool) -> None:
         if self._manifest.get("tokenizer", {}).get("vocab_hash") != m["tokenizer"].get("vocab_hash") or \

@@ -53,3 +53,25 @@ sys.exit(1 if bad else 0)
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_corpus_from_env_indexes_the_standard_library(tmp_path, bpe_tok_path, capsys, monkeypatch):
+    import sysconfig
+
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "corpus"
+    assert main(["build", "--corpus-from-env", "--out", str(out), "--tokenizer", bpe_tok_path,
+                 "--max-tokens", "30000", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["kind"] == "corpus" and 30000 <= rep["tokens"] < 400000
+    from indexer.store import Datastore
+
+    ds = Datastore.open(out)
+    std = sysconfig.get_paths()["stdlib"]
+    assert ds.kind == "corpus" and any(p.startswith(std) for p in ds.documents)
+    assert all(p.endswith((".py", ".pyi", ".pyx", ".pxd")) for p in ds.documents)
+    assert not any("/test/" in p for p in ds.documents)
+    from indexer.build import default_corpus_dir
+
+    d = default_corpus_dir(bpe_tok_path)
+    assert d.parent == tmp_path / "cache" / "corpus"
