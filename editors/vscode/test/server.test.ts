@@ -65,6 +65,12 @@ test("the extension's launch talks LSP inline completion with the real server", 
   let stderr = "";
   proc.stderr.on("data", (d) => (stderr += d.toString()));
   const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
+  // Every exchange also ends when the server dies, so a crash fails the test with its stderr.
+  const died = exited.then((code) => {
+    throw new Error(`the server exited (code ${code}) before answering`);
+  });
+  died.catch(() => undefined);
+  const ask = <T>(p: Promise<T>): Promise<T> => Promise.race([p, died]);
   const conn = createMessageConnection(new StreamMessageReader(proc.stdout), new StreamMessageWriter(proc.stdin));
   const messages: string[] = [];
   conn.onNotification("window/logMessage", (p: { message: string }) => void messages.push(p.message));
@@ -77,7 +83,7 @@ test("the extension's launch talks LSP inline completion with the real server", 
 
   try {
     const uri = pathToFileURL(file).toString();
-    const init: any = await conn.sendRequest("initialize", {
+    const init: any = await ask(conn.sendRequest("initialize", {
       processId: process.pid,
       rootUri: pathToFileURL(ws).toString(),
       workspaceFolders: [{ uri: pathToFileURL(ws).toString(), name: "workspace" }],
@@ -90,18 +96,18 @@ test("the extension's launch talks LSP inline completion with the real server", 
         workspace: { configuration: true, workspaceFolders: true },
       },
       initializationOptions: serverOptions(settings),
-    });
+    }));
     assert.ok(init.capabilities.inlineCompletionProvider, "the server advertises inlineCompletionProvider");
     await conn.sendNotification("initialized", {});
     await conn.sendNotification("textDocument/didOpen", { textDocument: { uri, languageId: "python", version: 1, text } });
 
     // Line 5 is "    " inside mul(): an empty block line, so a multi-line completion.
     const position = { line: 5, character: 4 };
-    const result: any = await conn.sendRequest("textDocument/inlineCompletion", {
+    const result: any = await ask(conn.sendRequest("textDocument/inlineCompletion", {
       textDocument: { uri },
       position,
       context: { triggerKind: 1 },
-    });
+    }));
     const items: any[] = Array.isArray(result) ? result : result.items;
     assert.ok(items.length >= 1, `expected at least one item, got ${JSON.stringify(result)}`);
     for (const item of items) {
@@ -114,7 +120,7 @@ test("the extension's launch talks LSP inline completion with the real server", 
       assert.ok(item.range.end.line > position.line || item.range.end.character >= position.character);
     }
 
-    const stats: any = await conn.sendRequest("rest/stats", {});
+    const stats: any = await ask(conn.sendRequest("rest/stats", {}));
     assert.ok(stats.totals.requests >= 1, JSON.stringify(stats.totals));
     const summary = summarizeStats(stats);
     assert.equal(summary.requests, stats.totals.requests);
@@ -123,12 +129,12 @@ test("the extension's launch talks LSP inline completion with the real server", 
     values.maxTokens = 8;
     await conn.sendNotification("workspace/didChangeConfiguration", didChangeConfigurationParams(readSettings(
       <T>(k: string, d: T) => (k in values ? (values[k] as T) : d))));
-    const after: any = await conn.sendRequest("rest/stats", {});
+    const after: any = await ask(conn.sendRequest("rest/stats", {}));
     assert.ok(after.totals);
     const unknown = messages.filter((m) => /unknown setting|expected/i.test(m));
     assert.deepEqual(unknown, [], "the server accepted every setting the extension sends");
 
-    await conn.sendRequest("shutdown");
+    await ask(conn.sendRequest("shutdown"));
     await conn.sendNotification("exit");
     const code = await Promise.race([exited, new Promise((r) => setTimeout(() => r("timeout"), 15000))]);
     assert.equal(code, 0, `server exit: ${code}\n${stderr.slice(-2000)}`);

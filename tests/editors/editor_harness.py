@@ -1,0 +1,122 @@
+"""Shared by the editor tests: paths, the test file, and a minimal msgpack-RPC client for `nvim --embed`: enough to type keys as a user would (`nvim_input`, which
+goes through Neovim's real input loop, so insert mode, autocommands and mappings all run) and to inspect
+state with `nvim_exec_lua`."""
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER = Path(sys.executable).parent / "rest-lsp"
+# The server command the editors run (REST_LSP_TEST_SERVER_CMD overrides it, e.g. to debug a client).
+SERVER_CMD = shlex.split(os.environ.get("REST_LSP_TEST_SERVER_CMD", "")) or [str(SERVER), "--stdio"]
+PLUGIN = REPO / "editors" / "neovim"
+
+CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n"
+
+
+def neovims() -> list[str]:
+    """Debian's nvim (the one the tests require), plus any in REST_LSP_TEST_NVIM (os.pathsep-separated),
+    e.g. a 0.12 build to exercise the native inline completion."""
+    found = [p for p in [shutil.which("nvim")] if p]
+    found += [p for p in os.environ.get("REST_LSP_TEST_NVIM", "").split(os.pathsep) if p]
+    return found
+
+
+def server_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = str(tmp / "cache")   # per-workspace datastores of the test stay in tmp
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+class NvimError(RuntimeError):
+    pass
+
+
+class Nvim:
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, cwd=cwd)
+        # Buffer/window handles arrive as msgpack ext types whose payload is the handle as msgpack.
+        self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False,
+                                          ext_hook=lambda code, data: msgpack.unpackb(data))
+        self._next_id = 0
+        self.notifications: list[Any] = []
+
+    def request(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        self._next_id += 1
+        msgid = self._next_id
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(msgpack.packb([0, msgid, method, list(args)], use_bin_type=True))
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while True:
+            for msg in self._unpacker:
+                if msg[0] == 1 and msg[1] == msgid:
+                    if msg[2] is not None:
+                        raise NvimError(f"{method}: {msg[2]}")
+                    return msg[3]
+                if msg[0] == 2:
+                    self.notifications.append(msg[1:])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"nvim did not answer {method} within {timeout} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    raise NvimError(f"nvim exited during {method}: {err[-2000:]}")
+                self._unpacker.feed(data)
+
+    def lua(self, code: str, *args: Any) -> Any:
+        return self.request("nvim_exec_lua", code, list(args))
+
+    def input(self, keys: str) -> None:
+        """Keys as typed by a user (`<Tab>`, `<Esc>` notation)."""
+        self.request("nvim_input", keys)
+
+    def command(self, cmd: str) -> None:
+        self.request("nvim_command", cmd)
+
+    def lines(self) -> list[str]:
+        return self.lua("return vim.api.nvim_buf_get_lines(0, 0, -1, false)")
+
+    def wait_for(self, lua_expr: str, *, timeout: float = 60.0, what: str = "", interval: float = 0.05) -> Any:
+        """Poll `return <lua_expr>` until it is truthy; returns its value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.lua(f"return {lua_expr}")
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what or lua_expr}")
+            time.sleep(interval)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(msgpack.packb([2, "nvim_command", ["qa!"]], use_bin_type=True))
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def version(nvim: str) -> tuple[int, int]:
+    out = subprocess.run([nvim, "--version"], capture_output=True, text=True, timeout=30).stdout
+    major, minor = out.split()[1].lstrip("v").split(".")[:2]
+    return int(major), int(minor)

@@ -1,0 +1,266 @@
+"""Neovim as a real client of `rest-lsp --stdio`: keys are typed through Neovim's input loop (msgpack-RPC
+`nvim_input`), the plugin in editors/neovim requests inline completions from the real server (a tiny
+random model), and the tests check what a user would see and get: ghost text at the cursor, accepting
+inserts exactly the suggested text, a newer keystroke replaces the suggestion, :RestLspStats.
+
+Debian's neovim (0.7.2 here) runs the plugin's own inline completion; a Neovim 0.12+ given in
+REST_LSP_TEST_NVIM runs the native `vim.lsp.inline_completion` path."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, neovims, server_env, version
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvim") is None,
+    reason="Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)")
+
+CALC_LINES = CALC.split("\n")[:-1]
+BLOCK = (6, 4)   # 1-based line, byte column at the end of "    " inside mul(): an empty block line
+
+SETUP = """
+local plugin, cmd, model, cache = ...
+vim.opt.runtimepath:prepend(plugin)
+vim.o.swapfile = false
+require('rest_lsp').setup({
+  cmd = cmd,
+  init_options = { model = model, maxTokens = 12, timeBudgetMs = 30000, cacheDir = cache },
+  debounce_ms = 30,
+})
+"""
+
+STATE = """
+local ns = ...
+local g = require('rest_lsp.ghost')
+local marks = vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })
+return { cur = g.current(), marks = marks, seq = g.latest_seq(), history = g.history,
+         counters = g.counters, mode = vim.api.nvim_get_mode().mode,
+         cursor = vim.api.nvim_win_get_cursor(0) }
+"""
+
+
+def utf16_to_index(line: str, units: int) -> int:
+    """An LSP (UTF-16) character offset in `line` as a Python string index."""
+    n = 0
+    for i, ch in enumerate(line):
+        if n >= units:
+            return i
+        n += 2 if ord(ch) > 0xFFFF else 1
+    return len(line)
+
+
+def apply_item(lines: list[str], item: dict, cursor: tuple[int, int]) -> tuple[list[str], tuple[int, int]]:
+    """The buffer after inserting an LSP inline completion item, and the cursor after it (1-based line,
+    byte column), computed independently of the plugin."""
+    text = "\n".join(lines)
+    rng = item.get("range")
+    if rng:
+        (sl, sc), (el, ec) = ((rng[k]["line"], rng[k]["character"]) for k in ("start", "end"))
+    else:
+        sl, sc = cursor[0] - 1, cursor[1]
+        el, ec = sl, sc
+    sc, ec = utf16_to_index(lines[sl], sc), utf16_to_index(lines[el], ec)
+    start = sum(len(l) + 1 for l in lines[:sl]) + sc
+    end = sum(len(l) + 1 for l in lines[:el]) + ec
+    new = text[:start] + item["insertText"] + text[end:]
+    before = new[:start + len(item["insertText"])].split("\n")
+    return new.split("\n"), (len(before), len(before[-1].encode()))
+
+
+@pytest.fixture(scope="module", params=neovims(), ids=lambda p: "nvim-%d.%d" % version(p))
+def session(request, tiny_model, tmp_path_factory):
+    nvim_bin = request.param
+    tmp = tmp_path_factory.mktemp("nvim")
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / ".git").mkdir()
+    (ws / "calc.py").write_text(CALC)
+    (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
+    nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=server_env(tmp), cwd=str(ws))
+    try:
+        nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"))
+        nv.command("edit calc.py")
+        nv.wait_for("require('rest_lsp').client() ~= nil", timeout=30, what="the client to attach")
+        nv.wait_for("(require('rest_lsp').client().server_capabilities or {}).inlineCompletionProvider ~= nil",
+                    timeout=120, what="the server to initialize")
+        nv.ver = version(nvim_bin)
+        nv.native = nv.lua("return vim.lsp.inline_completion ~= nil")
+        nv.ns = nv.lua("return vim.api.nvim_get_namespaces()[...]",
+                       "nvim.lsp.inline_completion" if nv.native else "rest_lsp_ghost")
+        yield nv
+    finally:
+        nv.close()
+
+
+def restart_insert(nv: Nvim, line: int = BLOCK[0]) -> None:
+    """Leave insert mode, restore the file, and append at the end of `line` as a user would (`A`)."""
+    nv.input("<Esc>")
+    nv.wait_for("vim.api.nvim_get_mode().mode == 'n'", timeout=10)
+    nv.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, ...)", CALC_LINES)
+    nv.lua("vim.api.nvim_win_set_cursor(0, {...})", line, 0)
+    nv.input("A")
+
+
+def state(nv: Nvim) -> dict:
+    return nv.lua(STATE, nv.ns)
+
+
+def wait_suggestion(nv: Nvim, *, after_seq: int = 0, col: int | None = None, timeout: float = 120) -> dict:
+    cond = f"(function() local c = require('rest_lsp.ghost').current(); return c and c.seq > {after_seq}"
+    if col is not None:
+        cond += f" and c.col == {col}"
+    cond += " end)()"
+    nv.wait_for(cond, timeout=timeout, what="a suggestion")
+    return state(nv)
+
+
+def legacy_only(nv: Nvim) -> None:
+    if nv.native:
+        pytest.skip("Neovim %d.%d uses the native inline completion" % nv.ver)
+
+
+def test_ghost_text_appears_at_the_cursor(session):
+    nv = session
+    legacy_only(nv)
+    restart_insert(nv)
+    s = wait_suggestion(nv)
+    cur = s["cur"]
+    assert (cur["row"], cur["col"]) == (BLOCK[0] - 1, BLOCK[1])
+    item = cur["item"]
+    # What shows is exactly the server's text less what is already typed in the item's range.
+    rng = item.get("range")
+    typed = CALC_LINES[BLOCK[0] - 1][rng["start"]["character"]:BLOCK[1]] if rng else ""
+    assert item["insertText"].startswith(typed)
+    assert cur["ghost"] == item["insertText"][len(typed):]
+    # One extmark at the cursor: first line as virt_text, the rest as virt_lines.
+    assert len(s["marks"]) == 1
+    _, row, col, details = s["marks"][0]
+    assert (row, col) == (BLOCK[0] - 1, BLOCK[1])
+    ghost_lines = cur["ghost"].split("\n")
+    assert details["virt_text"][0][0] == ghost_lines[0]
+    assert details["virt_text"][0][1] == "RestLspGhost"
+    shown_rest = [chunks[0][0] for chunks in details.get("virt_lines", [])]
+    assert shown_rest == ghost_lines[1:]
+
+
+def test_accepting_inserts_exactly_the_suggested_text(session):
+    nv = session
+    legacy_only(nv)
+    restart_insert(nv)
+    s = wait_suggestion(nv)
+    expected, cursor = apply_item(CALC_LINES, s["cur"]["item"], BLOCK)
+    nv.input("<Tab>")
+    nv.wait_for("require('rest_lsp.ghost').counters.accepted > %d" % s["counters"]["accepted"], timeout=10)
+    assert nv.lines() == expected
+    after = state(nv)
+    assert tuple(after["cursor"]) == cursor
+    assert after["mode"] == "i"
+    # The accepted suggestion is gone from the screen (a new one may follow for the new position).
+    assert all((m[1], m[2]) != (BLOCK[0] - 1, BLOCK[1]) for m in after["marks"])
+
+
+def test_tab_without_a_suggestion_inserts_a_tab(session):
+    nv = session
+    legacy_only(nv)
+    nv.input("<Esc>")
+    nv.wait_for("vim.api.nvim_get_mode().mode == 'n'", timeout=10)
+    nv.lua("require('rest_lsp').toggle(false); vim.o.smarttab = false; vim.bo.expandtab = false; vim.bo.softtabstop = 0")
+    try:
+        restart_insert(nv)
+        nv.input("<Tab>")
+        nv.wait_for("vim.api.nvim_buf_get_lines(0, 5, 6, false)[1] ~= '    '", timeout=10)
+        assert nv.lines()[5] == "    \t"
+        assert state(nv)["marks"] == []
+    finally:
+        nv.lua("require('rest_lsp').toggle(true)")
+
+
+def test_a_newer_keystroke_replaces_the_suggestion(session):
+    nv = session
+    legacy_only(nv)
+    restart_insert(nv)
+    first = wait_suggestion(nv)
+    seq1 = first["cur"]["seq"]
+    nv.input("r")
+    s = wait_suggestion(nv, after_seq=seq1, col=BLOCK[1] + 1)
+    assert nv.lines()[BLOCK[0] - 1] == "    r"
+    assert len(s["marks"]) == 1 and s["marks"][0][2] == BLOCK[1] + 1
+    assert s["cur"]["seq"] == s["seq"], "the suggestion on screen answers the newest request"
+    # Two requests back to back: the first is superseded, and its reply (if any) is never shown.
+    before = state(nv)
+    seqs = nv.lua("""
+        local g = require('rest_lsp.ghost')
+        g.request(0, 2); local a = g.latest_seq()
+        g.request(0, 2); return { a, g.latest_seq() }""")
+    s = wait_suggestion(nv, after_seq=seqs[0])
+    assert s["cur"]["seq"] == seqs[1]
+    assert seqs[0] not in s["history"]
+    assert s["counters"]["requests"] == before["counters"]["requests"] + 2
+
+
+def test_cursor_move_and_escape_dismiss(session):
+    nv = session
+    legacy_only(nv)
+    restart_insert(nv, line=2)   # "    return a + b": a single-line completion at the end
+    s = wait_suggestion(nv)
+    col = s["cur"]["col"]
+    nv.input("<Left>")
+    # The old suggestion goes; a new request for the new position may show one there.
+    nv.wait_for(f"(function() local c = require('rest_lsp.ghost').current(); return c == nil or c.col == {col - 1} end)()",
+                timeout=10)
+    assert all(m[2] != col for m in state(nv)["marks"])
+    nv.input("<Esc>")
+    nv.wait_for("vim.api.nvim_get_mode().mode == 'n'", timeout=10)
+    assert state(nv)["marks"] == []
+    assert state(nv).get("cur") is None
+
+
+def test_cycling_shows_alternatives(session):
+    nv = session
+    legacy_only(nv)
+    restart_insert(nv)
+    first = wait_suggestion(nv)
+    nv.input("<M-]>")   # asks again with an Invoked trigger, which may return several items
+    s = wait_suggestion(nv, after_seq=first["cur"]["seq"])
+    cur = s["cur"]
+    if cur["count"] > 1:
+        assert cur["index"] == 2
+        assert s["marks"][0][3]["virt_text"][-1][0] == " (2/%d)" % cur["count"]
+        nv.input("<M-[>")
+        nv.wait_for("require('rest_lsp.ghost').current().index == 1", timeout=10)
+    else:
+        assert cur["index"] == 1
+
+
+def test_native_inline_completion(session):
+    nv = session
+    if not nv.native:
+        pytest.skip("Neovim %d.%d has no vim.lsp.inline_completion (0.12+)" % nv.ver)
+    restart_insert(nv)
+    nv.wait_for("#vim.api.nvim_buf_get_extmarks(0, %d, 0, -1, {}) > 0" % nv.ns, timeout=120,
+                what="native ghost text")
+    marks = nv.lua("return vim.api.nvim_buf_get_extmarks(0, ..., 0, -1, { details = true })", nv.ns)
+    _, row, col, details = marks[0]
+    assert row == BLOCK[0] - 1
+    shown = [details["virt_text"][0][0]] + [c[0][0] for c in details.get("virt_lines", [])]
+    nv.input("<Tab>")
+    nv.wait_for("vim.api.nvim_buf_get_lines(0, 5, 6, false)[1] ~= '    '", timeout=10)
+    lines = nv.lines()
+    # The item ends at the cursor: the line becomes what preceded the ghost text plus the ghost text.
+    assert lines[row] == CALC_LINES[row][:col] + shown[0]
+    assert lines[row + 1:row + len(shown)] == shown[1:]
+
+
+def test_stats_command(session):
+    nv = session
+    nv.input("<Esc>")
+    nv.wait_for("vim.api.nvim_get_mode().mode == 'n'", timeout=10)
+    nv.command("RestLspStats")
+    nv.wait_for("vim.fn.bufname():match('rest%-lsp://stats') ~= nil", timeout=30, what="the stats window")
+    lines = nv.lines()
+    assert "totals:" in lines
+    requests = [l for l in lines if l.strip().startswith("requests:")]
+    assert requests and int(requests[0].split(":")[1]) >= 1
+    nv.command("close")
