@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgpack
 
-from .shard import fsync_dir, tmp_name
+from .shard import atomic_file
 from .types import CorruptManifest, DatastoreNotFound
 
 FORMAT_VERSION = 1
@@ -31,20 +31,8 @@ class Doc:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def pack_docs(docs: dict[str, Doc]) -> dict:

@@ -13,6 +13,7 @@ import hashlib
 import mmap
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,28 @@ def compact_tokens(arr: np.ndarray, width: int, vocab_size: int | None = None):
     return stored, 2, alpha
 
 
+def _continuations(tok: np.ndarray, n_tok: int, sentinel: int, pos: np.ndarray, n: int, max_len: int, *,
+                   sort: bool):
+    """Distinct continuations of a match of length n at positions pos (already in token order unless
+    `sort`): (rows [u, max_len] int64 padded with the sentinel past a document's end, lengths [u], counts [u])."""
+    if pos.size == 0 or max_len <= 0:
+        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]  # [p, max_len]
+    np.minimum(idx, n_tok - 1, out=idx)  # the last token is a sentinel
+    rows = tok[idx].astype(np.int64)
+    after = np.maximum.accumulate(rows == sentinel, axis=1)  # at or past the document's end
+    rows[after] = sentinel  # the sentinel is the largest value: token order is kept
+    if sort:
+        order = np.lexsort(rows.T[::-1])
+        rows, after = rows[order], after[order]
+    if rows.shape[0] > 1:
+        starts = np.concatenate([[0], np.flatnonzero(np.any(rows[1:] != rows[:-1], axis=1)) + 1])
+    else:
+        starts = np.array([0])
+    counts = np.diff(np.append(starts, rows.shape[0]))
+    return rows[starts], max_len - after[starts].sum(axis=1), counts
+
+
 class _HashingWriter:
     def __init__(self, f):
         self.f = f
@@ -127,13 +150,14 @@ def tmp_name(final: Path) -> Path:
     return final.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{final.name}")
 
 
-def write_npy_atomic(path: Path, arr: np.ndarray) -> dict:
-    """Write an .npy atomically (temporary file, fsync, rename); returns {"name", "size", "sha256"}."""
+@contextmanager
+def atomic_file(path: Path):
+    """Write `path` atomically: a temporary file in the same folder, fsync, rename over `path` (and fsync
+    the folder). On any error the temporary file is removed and `path` is untouched."""
     tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:
-            w = _HashingWriter(f)
-            np.lib.format.write_array(w, np.ascontiguousarray(arr), allow_pickle=False)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -143,6 +167,14 @@ def write_npy_atomic(path: Path, arr: np.ndarray) -> dict:
         except OSError:
             pass
         raise
+    fsync_dir(path.parent)
+
+
+def write_npy_atomic(path: Path, arr: np.ndarray) -> dict:
+    """Write an .npy atomically; returns {"name", "size", "sha256"} (hashed while writing)."""
+    with atomic_file(path) as f:
+        w = _HashingWriter(f)
+        np.lib.format.write_array(w, np.ascontiguousarray(arr), allow_pickle=False)
     return {"name": path.name, "size": w.size, "sha256": w.h.hexdigest()}
 
 
@@ -388,22 +420,7 @@ class Shard:
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         """Distinct continuations after a match of length n at positions pos (in SA order).
         Returns (rows [u, max_len] int64 padded with the sentinel, lengths [u], counts [u])."""
-        if pos.size == 0 or max_len <= 0:
-            return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]
-        np.minimum(idx, self.n - 1, out=idx)
-        rows = self.tok[idx].astype(np.int64)
-        s = self.sentinel
-        after = np.maximum.accumulate(rows == s, axis=1)
-        rows[after] = s
-        if rows.shape[0] > 1:
-            change = np.any(rows[1:] != rows[:-1], axis=1)
-            starts = np.concatenate([[0], np.nonzero(change)[0] + 1])
-        else:
-            starts = np.array([0])
-        counts = np.diff(np.append(starts, rows.shape[0]))
-        uniq = rows[starts]
-        lengths = max_len - after[starts].sum(axis=1)
+        uniq, lengths, counts = _continuations(self.tok, self.n, self.sentinel, pos, n, max_len, sort=False)
         if self.alpha is not None:  # ranks -> ids; padding past a document's end is cut by `lengths`
             uniq = self.alpha[np.minimum(uniq, self.alpha.size - 1)]
         return uniq, lengths, counts
@@ -428,7 +445,6 @@ def write_shard(shard_dir: Path, sid: str, kind: str, arr: np.ndarray, width: in
              "sa": write_npy_atomic(shard_dir / f"{sid}.sa.npy", sa)}
     if alpha is not None:
         files["alpha"] = write_npy_atomic(shard_dir / f"{sid}.alpha.npy", alpha)
-    fsync_dir(shard_dir)
     t2 = time.perf_counter()
     meta = {"id": sid, "kind": kind, "tokens": int(arr.size), "token_width": tw, "files": files, "dead": [],
             "created": time.time()}
@@ -534,19 +550,5 @@ class ScanShard:
         return starts[(np.arange(quota, dtype=np.int64) * r) // quota].astype(np.int64)
 
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
-        if pos.size == 0 or max_len <= 0:
-            return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]
-        np.minimum(idx, self.n - 1, out=idx)
-        rows = self.tok[idx].astype(np.int64)
-        after = np.maximum.accumulate(rows == self.sentinel, axis=1)
-        rows[after] = self.sentinel
-        order = np.lexsort(rows.T[::-1])
-        rows, after = rows[order], after[order]
-        if rows.shape[0] > 1:
-            change = np.any(rows[1:] != rows[:-1], axis=1)
-            starts = np.concatenate([[0], np.nonzero(change)[0] + 1])
-        else:
-            starts = np.array([0])
-        counts = np.diff(np.append(starts, rows.shape[0]))
-        return rows[starts], max_len - after[starts].sum(axis=1), counts
+        # positions are in text order here, not suffix order: sort the rows before grouping them
+        return _continuations(self.tok, self.n, self.sentinel, pos, n, max_len, sort=True)

@@ -37,16 +37,6 @@ def write_files(root: Path, files: dict) -> None:
             p.write_text(content)
 
 
-def write_files(root: Path, files: dict) -> None:
-    for rel, content in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            p.write_bytes(content)
-        else:
-            p.write_text(content)
-
-
 def source_lines() -> list[str]:
     import inspect
     import textwrap
