@@ -25,12 +25,17 @@ PLUGIN = REPO / "editors" / "neovim"
 CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n"
 
 
+NVIM_012 = PLUGIN / ".nvim-test" / "bin" / "nvim"   # fetched by scripts/test_editors.sh
+
+
 def neovims() -> list[str]:
-    """Debian's nvim (the one the tests require), plus any in REST_LSP_TEST_NVIM (os.pathsep-separated),
-    e.g. a 0.12 build to exercise the native inline completion."""
+    """Debian's nvim (the one the tests require), the Neovim 0.12 build scripts/test_editors.sh unpacks (the
+    native inline completion path), and any in REST_LSP_TEST_NVIM (os.pathsep-separated)."""
     found = [p for p in [shutil.which("nvim")] if p]
+    if NVIM_012.is_file() and os.access(NVIM_012, os.X_OK):
+        found.append(str(NVIM_012))
     found += [p for p in os.environ.get("REST_LSP_TEST_NVIM", "").split(os.pathsep) if p]
-    return found
+    return list(dict.fromkeys(found))
 
 
 def server_env(tmp: Path) -> dict[str, str]:
