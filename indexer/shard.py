@@ -343,15 +343,36 @@ class Shard:
                 hi = mid
         return lo
 
-    def find(self, p: bytes) -> tuple[int, int]:
-        """SA range [lo, hi) of suffixes that start with the pattern bytes p."""
+    def _first(self, p: bytes) -> int:
+        """Index of the first suffix that starts with p, or -1."""
         lo = self._lower(p, 0, self.n)
         if lo >= self.n:
-            return lo, lo
+            return -1
         s = self.off + self.sav[lo] * self.width
-        if self.tb[s:s + len(p)] != p:
-            return lo, lo
-        return lo, self._upper(p, lo + 1, self.n)
+        return lo if self.tb[s:s + len(p)] == p else -1
+
+    def find(self, p: bytes) -> tuple[int, int]:
+        """SA range [lo, hi) of suffixes that start with the pattern bytes p."""
+        lo = self._first(p)
+        if lo < 0:
+            return 0, 0
+        # gallop from lo (most ranges are short), then bisect the last step
+        tb, sa, off, w, m, n = self.tb, self.sav, self.off, self.width, len(p), self.n
+        inside, step = lo, 1
+        while inside + step < n:
+            s = off + sa[inside + step] * w
+            if tb[s:s + m] <= p:
+                inside += step
+                step *= 2
+            else:
+                break
+        return lo, self._upper(p, inside + 1, min(inside + step, n))
+
+    def occurs(self, p: bytes) -> bool:
+        """Does p occur outside masked documents? (one binary search without masks)"""
+        if self._first(p) < 0:
+            return False
+        return not self.dead or self.count(p)[0] > 0
 
     def _dead_count(self, p: bytes) -> int:
         a = self._dead_tokens
@@ -379,14 +400,14 @@ class Shard:
         w = self.width
         if n_hi < n_lo or self.n == 0:
             return 0
-        if self.count(cb[-n_lo * w:])[0] == 0:
+        if not self.occurs(cb[-n_lo * w:]):
             return 0
         good, bad = n_lo, n_hi + 1
         # gallop from the short end: typical matches are short
         step = 1
         while good + step < bad:
             probe = good + step
-            if self.count(cb[-probe * w:])[0] > 0:
+            if self.occurs(cb[-probe * w:]):
                 good = probe
                 step *= 2
             else:
@@ -394,7 +415,7 @@ class Shard:
                 break
         while bad - good > 1:
             mid = (good + bad) // 2
-            if self.count(cb[-mid * w:])[0] > 0:
+            if self.occurs(cb[-mid * w:]):
                 good = mid
             else:
                 bad = mid
