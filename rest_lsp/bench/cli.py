@@ -184,33 +184,30 @@ def replay_main(argv: list[str] | None = None) -> int:
         _log(f"rest-lsp replay: {e}")
         return 2
     lm = None
-    if args.record and Path(args.record).is_file() and not args.rerecord:
-        rec_path = Path(args.record)
-    else:
-        if args.record:
-            rec_path = Path(args.record)
-        else:
-            rec_path = None
+    if args.record:
+        rec_path = Path(args.record).expanduser()
+    else:  # keyed by what was asked for, so a cached record is found without loading the model
+        model_id = str(Path(args.model).expanduser().resolve()) if args.model and Path(args.model).expanduser().exists() \
+            else (args.model or "embedded")
+        key = record_key(model_id, f"{args.precision}-{args.device}", args.prompts, args.limit, args.max_new_tokens)
+        rec_path = cache_root() / "replay" / f"{key}.jsonl"
+    if args.rerecord or not rec_path.is_file():
         try:
             prompts = load_prompts(args.prompts, args.limit)
         except PromptsError as e:
             _log(f"rest-lsp replay: {e}")
             return 2
         lm = _load(args)
-        if rec_path is None:
-            key = record_key(lm.name, lm.precision, args.prompts, args.limit, args.max_new_tokens)
-            rec_path = cache_root() / "replay" / f"{key}.jsonl"
-        if not rec_path.is_file() or args.rerecord:
-            cost = None
-            if args.measure_cost:
-                from rest_lsp.engine.cost import measure_cost
-                from rest_lsp.engine.verifier import HFVerifier
+        cost = None
+        if args.measure_cost:
+            from rest_lsp.engine.cost import measure_cost
+            from rest_lsp.engine.verifier import HFVerifier
 
-                c = measure_cost(HFVerifier(lm.model, lm.device), lm.model.config.vocab_size)
-                cost = {"qs": c.qs, "ms": c.ms}
-            record_prompts(lm, prompts, args.max_new_tokens, rec_path, prompts_spec=args.prompts, cost=cost,
-                           tokenizer=_tokenizer_spec(lm), log=_log)
-            _log(f"recorded greedy outputs into {rec_path}")
+            c = measure_cost(HFVerifier(lm.model, lm.device), lm.model.config.vocab_size)
+            cost = {"qs": c.qs, "ms": c.ms}
+        record_prompts(lm, prompts, args.max_new_tokens, rec_path, prompts_spec=args.prompts, cost=cost,
+                       tokenizer=_tokenizer_spec(lm), log=_log)
+        _log(f"recorded greedy outputs into {rec_path}")
     header, records = read_records(rec_path)
     if args.limit is not None:
         records = records[: args.limit]

@@ -124,12 +124,13 @@ def read_records(path: Path) -> tuple[dict, list[Record]]:
 
 
 def record_key(model_name: str, precision: str, prompts_spec: str, limit, max_new_tokens: int) -> str:
+    """A file name for the default record of this model, precision, prompts, limit and length."""
     p = Path(prompts_spec)
     ident = prompts_spec
     if p.is_file():  # a prompts file: its content decides
         ident = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
     raw = f"{model_name}|{precision}|{ident}|{limit}|{max_new_tokens}"
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_name)[:40]
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(model_name).name)[:40]
     return f"{safe}-{precision}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 

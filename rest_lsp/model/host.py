@@ -50,9 +50,11 @@ class LoadedModel:
     stop_ids: list[int] = field(default_factory=list)   # eos + the FIM family's end-of-infill tokens
 
     def build_prompt(self, prefix: str, suffix: str | None = None, *, max_new_tokens: int = 0,
-                     fim: bool = True) -> list[int]:
-        """Prompt ids for the cursor between prefix and suffix, fitted to the context minus max_new_tokens."""
-        budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens)
+                     fim: bool = True, reserve: int = 32) -> list[int]:
+        """Prompt ids for the cursor between prefix and suffix, fitted to the context minus max_new_tokens
+        and `reserve` positions for draft trees (so the engine never has to cut the prompt, FIM markers
+        included)."""
+        budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens - reserve)
         return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, max_tokens=budget)
 
     @property
@@ -153,6 +155,7 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
                 raise ModelLoadError(f"converting {gguf} produced no config.json")
             if dest.exists():
                 shutil.rmtree(dest)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is the user's like any other
             os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -193,18 +196,22 @@ def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
     return "hub", s
 
 
+def _load_error(location, kind: str, what: str, e: Exception) -> ModelLoadError:
+    if kind == "hub":
+        return ModelLoadError(
+            f"{location!r} is not a local model directory or .gguf file, and fetching it from the "
+            f"Hugging Face Hub failed ({type(e).__name__}: {e}); offline, pass a local model "
+            "directory or .gguf file")
+    return ModelLoadError(f"could not load the {what} of {location}: {type(e).__name__}: {e}")
+
+
 def _load_tokenizer(location, kind: str):
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(location))
     except Exception as e:
-        if kind == "hub":
-            raise ModelLoadError(
-                f"{location!r} is not a local model directory or .gguf file, and fetching it from the "
-                f"Hugging Face Hub failed ({type(e).__name__}: {e}); offline, pass a local model "
-                "directory or .gguf file") from e
-        raise ModelLoadError(f"could not load the tokenizer of {location}: {type(e).__name__}: {e}") from e
+        raise _load_error(location, kind, "tokenizer", e) from e
 
 
 def quantize_int8(model):
@@ -236,12 +243,7 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
             warnings.simplefilter("ignore")
             model = AutoModelForCausalLM.from_pretrained(str(location), **kwargs)
     except Exception as e:
-        if kind == "hub":
-            raise ModelLoadError(
-                f"{location!r} is not a local model directory or .gguf file, and fetching it from the "
-                f"Hugging Face Hub failed ({type(e).__name__}: {e}); offline, pass a local model "
-                "directory or .gguf file") from e
-        raise ModelLoadError(f"could not load model {location}: {type(e).__name__}: {e}") from e
+        raise _load_error(location, kind, "weights", e) from e
     model.eval()
     model.requires_grad_(False)
     if prec == "int8":

@@ -143,3 +143,16 @@ def test_replay_cli_records_once(tiny_dir, prompts_file, corpus_dir, tmp_path, m
     assert "budget" in capsys.readouterr().out
     assert replay_main(base + ["--policy", "bogus"]) == 2
     assert replay_main(base + ["--cost", str(tmp_path / "missing.json")]) == 2
+
+
+def test_replay_default_record_in_cache(tiny_dir, prompts_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    argv = ["--model", str(tiny_dir), "--prompts", str(prompts_file), "--limit", "1", "--max-new-tokens", "8",
+            "--policy", "pld", "--budgets", "4"]
+    assert replay_main(argv) == 0
+    (rec,) = (tmp_path / "cache" / "replay").iterdir()
+    assert rec.suffix == ".jsonl" and len(read_records(rec)[1]) == 1
+    import rest_lsp.model.host as host
+
+    monkeypatch.setattr(host, "load_model", lambda *a, **k: pytest.fail("the cached record should be reused"))
+    assert replay_main(argv) == 0

@@ -131,3 +131,14 @@ def test_gguf_conversion_is_atomic_and_cached(tmp_path, monkeypatch, tiny_model_
     # load_model on the .gguf path uses the converted cache
     lm = load_model(gguf, device="cpu")
     assert lm.path == d and lm.name == "Fake Model.gguf"
+
+
+def test_loaded_build_prompt_fits_the_context(tiny_model_dir):
+    lm = load_model(tiny_model_dir, device="cpu")
+    prefix = "".join(f"value_{i} = {i}\n" for i in range(3000))
+    ids = lm.build_prompt(prefix, "\nprint(value_1)\n", max_new_tokens=128)
+    assert len(ids) <= lm.context_length - 128 - 32
+    p, s, m = lm.fim.token_ids(lm.tokenizer)
+    assert ids[0] == p and ids[-1] == m and s in ids
+    assert lm.tokenizer.decode(ids[:-1]).endswith("\nprint(value_1)\n")
+    assert lm.build_prompt("x = 1", None) == lm.tokenizer.encode("x = 1", add_special_tokens=False)
