@@ -162,17 +162,26 @@ class IgnoreRules:
         self._cache[d] = (sig_t, spec)
         return spec
 
-    def ignored(self, root: Path, rel_parts: tuple[str, ...], is_dir: bool) -> bool:
-        """Is root/rel ignored by the ignore files of its ancestors (the deepest deciding one wins)?"""
+    def chain(self, root: Path, dir_parts: tuple[str, ...]) -> list:
+        """[(depth, spec)] of the ignore files from root down to root/dir_parts."""
+        out = []
+        for depth in range(len(dir_parts) + 1):
+            spec = self.spec_for(root.joinpath(*dir_parts[:depth]))
+            if spec is not None:
+                out.append((depth, spec))
+        return out
+
+    def ignored(self, root: Path, rel_parts: tuple[str, ...], is_dir: bool, chain: list | None = None) -> bool:
+        """Is root/rel ignored by the ignore files of its ancestors (the deepest deciding one wins)?
+        `chain`: the parent folder's `chain()`, when the caller walks and already has it."""
         rel = "/".join(rel_parts) + ("/" if is_dir else "")
         if self.filters._extra is not None:
             r = self.filters._extra.check_file(rel)
             if r.include:
                 return True
-        for depth in range(len(rel_parts) - 1, -1, -1):
-            spec = self.spec_for(root.joinpath(*rel_parts[:depth]))
-            if spec is None:
-                continue
+        if chain is None:
+            chain = self.chain(root, rel_parts[:-1])
+        for depth, spec in reversed(chain):
             sub = "/".join(rel_parts[depth:]) + ("/" if is_dir else "")
             r = spec.check_file(sub)
             if r.include is not None:
@@ -209,9 +218,9 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                 yield Candidate(root, root.parent, st.st_size, st.st_mtime_ns)
             continue
         root_real = os.path.realpath(root)
-        stack = [(root, ())]
+        stack = [(root, (), rules.chain(root, ()))]
         while stack:
-            d, parts = stack.pop()
+            d, parts, chain = stack.pop()
             try:
                 entries = sorted(os.scandir(d), key=lambda e: e.name)
             except OSError as e:
@@ -242,14 +251,15 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                     if name in filters.exclude_dirs or name.endswith(".egg-info"):
                         report.skip("excluded_dir")
                         continue
-                    if rules.ignored(root, rel, True):
+                    if rules.ignored(root, rel, True, chain):
                         report.skip("ignored")
                         continue
                     p = Path(e.path)
                     if _is_venv(p):
                         report.skip("excluded_dir")
                         continue
-                    dirs.append((p, rel))
+                    spec = rules.spec_for(p)
+                    dirs.append((p, rel, chain + [(len(rel), spec)] if spec is not None else chain))
                     continue
                 try:
                     st = e.stat(follow_symlinks=True)
@@ -262,7 +272,7 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                 if not filters.name_ok(name):
                     report.skip("filtered")
                     continue
-                if rules.ignored(root, rel, False):
+                if rules.ignored(root, rel, False, chain):
                     report.skip("ignored")
                     continue
                 if st.st_size > filters.max_file_size:

@@ -424,12 +424,10 @@ class Datastore:
                         p.relative_to(root)
                     except ValueError:
                         continue
-                    ok_dir = all(not part.startswith("\0") for part in p.parts)
-                    if ok_dir:
-                        for c in disc.walk([p], filters, disc.Report(), rules):
-                            ok, _ = disc.is_document(c.path, roots, filters, rules)
-                            if ok:
-                                found[str(c.path)] = c
+                    # walked as its own root, then checked against the real root's ignore files
+                    for c in disc.walk([p], filters, disc.Report(), rules):
+                        if disc.is_document(c.path, roots, filters, rules)[0]:
+                            found[str(c.path)] = c
                 prefix = key.rstrip(os.sep) + os.sep
                 for k2 in [k2 for k2 in docs if k2.startswith(prefix) and k2 not in found]:
                     summary["removed"] += remove(k2)
