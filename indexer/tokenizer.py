@@ -131,7 +131,8 @@ def same_vocabulary(a: dict, b: dict) -> bool:
 def encode_batch(tok: Any, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens, batched (the Rust side runs them in parallel)."""
     fast = as_fast_tokenizer(tok)
-    return [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]
+    enc = getattr(fast, "encode_batch_fast", None) or fast.encode_batch  # _fast: no offsets (~1.4x)
+    return [e.ids for e in enc(texts, add_special_tokens=False)]
 
 
 def decode(tok: Any, ids) -> str:
