@@ -149,7 +149,9 @@ def replay_parser() -> argparse.ArgumentParser:
                    help="the greedy-output cache (JSONL); reused when it exists, recorded otherwise "
                         "(default: one per model/prompts/limit/tokens in the user cache)")
     p.add_argument("--rerecord", action="store_true", help="record again even if the cache exists")
-    p.add_argument("--measure-cost", action="store_true", help="measure c(q) with the model while recording")
+    p.add_argument("--measure-cost", action="store_true",
+                   help="measure c(q) with the model while recording (without it, the engine's cached "
+                        "calibration is stored when there is one)")
     p.add_argument("--policy", action="append", default=None,
                    help="draft policy, repeatable: a preset (rest, paper, pld) or source=share,... "
                         "(sources: context, history, repository, corpus, recycle, paper); default: rest")
@@ -198,13 +200,7 @@ def replay_main(argv: list[str] | None = None) -> int:
             _log(f"rest-lsp replay: {e}")
             return 2
         lm = _load(args)
-        cost = None
-        if args.measure_cost:
-            from rest_lsp.engine.cost import measure_cost
-            from rest_lsp.engine.verifier import HFVerifier
-
-            c = measure_cost(HFVerifier(lm.model, lm.device), lm.model.config.vocab_size)
-            cost = {"qs": c.qs, "ms": c.ms}
+        cost = _engine_cost(lm, measure=args.measure_cost)
         record_prompts(lm, prompts, args.max_new_tokens, rec_path, prompts_spec=args.prompts, cost=cost,
                        tokenizer=_tokenizer_spec(lm), log=_log)
         _log(f"recorded greedy outputs into {rec_path}")
@@ -244,6 +240,19 @@ def replay_main(argv: list[str] | None = None) -> int:
                                 "cost_ms": {"qs": list(cost.qs), "ms": list(cost.ms)}, "results": results})
         _log(f"wrote {args.json}")
     return 0
+
+
+def _engine_cost(lm, *, measure: bool) -> dict | None:
+    """c(q) for this model: the engine's calibration cache (measured now when `measure`), else None."""
+    from rest_lsp.engine.cost import cache_dir, cost_key, load_or_measure
+    from rest_lsp.engine.verifier import HFVerifier
+
+    verifier = HFVerifier(lm.model, lm.device)
+    key = cost_key(lm.name, lm.precision, str(lm.device), verifier)
+    if not measure and not (cache_dir() / f"{key}.json").is_file():
+        return None
+    c = load_or_measure(verifier, lm.model.config.vocab_size, key)
+    return {"qs": list(c.qs), "ms": list(c.ms)}
 
 
 def _record_tokenizer(header: dict) -> str | None:
