@@ -151,9 +151,10 @@ def tmp_name(final: Path) -> Path:
 
 
 @contextmanager
-def atomic_file(path: Path):
-    """Write `path` atomically: a temporary file in the same folder, fsync, rename over `path` (and fsync
-    the folder). On any error the temporary file is removed and `path` is untouched."""
+def atomic_file(path: Path, *, sync_dir: bool = True):
+    """Write `path` atomically: a temporary file in the same folder, fsync, rename over `path`, and fsync
+    the folder (`sync_dir=False`: the caller does, once for several files). On any error the temporary
+    file is removed and `path` is untouched."""
     tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -167,12 +168,13 @@ def atomic_file(path: Path):
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
-def write_npy_atomic(path: Path, arr: np.ndarray) -> dict:
+def write_npy_atomic(path: Path, arr: np.ndarray, *, sync_dir: bool = True) -> dict:
     """Write an .npy atomically; returns {"name", "size", "sha256"} (hashed while writing)."""
-    with atomic_file(path) as f:
+    with atomic_file(path, sync_dir=sync_dir) as f:
         w = _HashingWriter(f)
         np.lib.format.write_array(w, np.ascontiguousarray(arr), allow_pickle=False)
     return {"name": path.name, "size": w.size, "sha256": w.h.hexdigest()}
@@ -462,10 +464,11 @@ def write_shard(shard_dir: Path, sid: str, kind: str, arr: np.ndarray, width: in
     sa = suffix_array(stored, tw, vocab_size)
     t1 = time.perf_counter()
     shard_dir.mkdir(parents=True, exist_ok=True)
-    files = {"tok": write_npy_atomic(shard_dir / f"{sid}.tok.npy", stored.astype(be_dtype(tw))),
-             "sa": write_npy_atomic(shard_dir / f"{sid}.sa.npy", sa)}
+    files = {"tok": write_npy_atomic(shard_dir / f"{sid}.tok.npy", stored.astype(be_dtype(tw)), sync_dir=False),
+             "sa": write_npy_atomic(shard_dir / f"{sid}.sa.npy", sa, sync_dir=False)}
     if alpha is not None:
-        files["alpha"] = write_npy_atomic(shard_dir / f"{sid}.alpha.npy", alpha)
+        files["alpha"] = write_npy_atomic(shard_dir / f"{sid}.alpha.npy", alpha, sync_dir=False)
+    fsync_dir(shard_dir)  # the renames are durable before any manifest names them
     t2 = time.perf_counter()
     meta = {"id": sid, "kind": kind, "tokens": int(arr.size), "token_width": tw, "files": files, "dead": [],
             "created": time.time()}
