@@ -14,9 +14,15 @@ class Continuation:
 def make_continuation(tokens: tuple, count: int, weight: float) -> Continuation:
     """Continuation(tokens, count, weight) without the frozen dataclass's per-field __setattr__ calls:
     a search builds up to 5,000 of them."""
-    c = object.__new__(Continuation)
-    c.__dict__.update(tokens=tokens, count=count, weight=weight)
+    c = _new(Continuation)
+    d = c.__dict__
+    d["tokens"] = tokens
+    d["count"] = count
+    d["weight"] = weight
     return c
+
+
+_new = object.__new__
 
 
 @dataclass(frozen=True)
