@@ -101,6 +101,8 @@ def main(argv=None) -> None:
     p.add_argument("--profile", type=int, default=None, metavar="Q", help="also profile one forward of Q tokens")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
+    p.add_argument("--buckets", default=None, help="compiled kind: comma list of q buckets (default 1,2,4,8,16)")
+    p.add_argument("--mode", default="max-autotune", help="compiled kind: torch.compile mode")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     if args.threads:
@@ -121,7 +123,12 @@ def main(argv=None) -> None:
               "threads": torch.get_num_threads(), "torch": torch.__version__, "kinds": {}}
     for kind in args.kinds.split(","):
         t = time.perf_counter()
-        verifier = make_verifier(loaded, kind, max_len=args.past + max(qs) + 16)
+        extra = {}
+        if kind == "compiled":
+            extra["mode"] = args.mode
+            if args.buckets:
+                extra["buckets"] = tuple(int(x) for x in args.buckets.split(","))
+        verifier = make_verifier(loaded, kind, max_len=args.past + max(qs) + 16, **extra)
         setup = time.perf_counter() - t
         warm = {}
         if hasattr(verifier, "warm_up"):

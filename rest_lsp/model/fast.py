@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
-KINDS = ("auto", "eager", "packed", "compiled")
+KINDS = ("auto", "eager", "packed", "screened", "compiled")
 SUPPORTED_ARCHS = ("qwen2", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 
@@ -119,14 +120,70 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+def cpu_has_bf16() -> bool:
+    """Native bf16 dot products (AVX512-BF16 or AMX): where a bf16 product costs half an fp32 one."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class ScreenedHead(torch.nn.Module):
+    """The output projection with an exact argmax at half the memory traffic.
+
+    A bf16 product over a bf16 copy of the weight screens the vocabulary; only tokens whose logit could
+    still be the row's maximum get their fp32 logit computed exactly (a gather of a few weight rows).
+    Bound, for row x and token v with fp32 weight row w and bf16 copies x~, w~ (u = 2^-8, bf16's unit
+    roundoff; g = gamma_(K+2) = (K+2) 2^-24 / (1 - (K+2) 2^-24), fp32 accumulation over K terms):
+        |x.w - out_v| <= |x.(w - w~)| + |(x - x~).w~| + |fp32 sum error| + |bf16 output rounding|
+                      <= |x| e_v  +  u |x| |w~|  +  g |x~| |w~|  +  u/(1-u) |out_v|
+    with e_v = |w - w~| (exact: the difference of an fp32 and its bf16 rounding is representable), and the
+    fp32 recomputation of a candidate is within g |x| |w| of x.w. Every token whose interval reaches the
+    largest lower end is a candidate, so the exact argmax is always among them; a non-candidate's returned
+    (approximate) logit lies below that argmax's exact logit, so `logits.argmax(-1)` is exact, and so is
+    every candidate's value. Other values are the bf16 approximations: good for drafting, not for sampling.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        w = weight.detach().float()
+        k = w.shape[1]
+        u = 2.0 ** -8
+        g = (k + 2) * 2.0 ** -24 / (1 - (k + 2) * 2.0 ** -24)
+        wb = w.to(torch.bfloat16)
+        wb_norm = wb.float().norm(dim=1)
+        err = (w - wb.float()).norm(dim=1)
+        # per-token coefficient of |x| in the bound (|x~| <= (1+u)|x|); 1% over for the norms' own rounding
+        self.register_buffer("coef", 1.01 * (err + u * wb_norm + g * ((1 + u) * wb_norm + w.norm(dim=1))),
+                             persistent=False)
+        self.out_round = 1.01 * u / (1 - u)
+        self.register_buffer("weight", w, persistent=False)  # fp32 rows for the exact recomputation
+        self.register_buffer("packed_bf16", torch.ops.mkldnn._reorder_linear_weight(wb, 8), persistent=False)
+        self.max_candidates = 4096  # beyond this many (a nearly flat row) one exact full product is cheaper
+        self.last_candidates = 0  # candidates in the last call (for benchmarks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] fp32 -> logits [M, V] fp32
+        approx = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed_bf16, None, "none",
+                                                    [], "").float()  # [M, V]
+        bound = x.norm(dim=1, keepdim=True) * self.coef + self.out_round * approx.abs() + 1e-5  # [M, V]
+        lowest_winner = (approx - bound).amax(dim=1, keepdim=True)  # [M, 1]
+        rows, cols = ((approx + bound) >= lowest_winner).nonzero(as_tuple=True)  # candidates
+        self.last_candidates = int(rows.numel())
+        if rows.numel() > self.max_candidates * x.shape[0]:
+            return F.linear(x, self.weight)
+        approx[rows, cols] = (x[rows] * self.weight[cols]).sum(-1)  # exact fp32 for the candidates
+        return approx
+
+
 class StaticLM(torch.nn.Module):
     """A gpt-fast-style forward of a Qwen2/Llama causal LM over a preallocated KV cache.
 
-    Cache [layers, 2 (k, v), kv_heads, max_len, head_dim]. A forward writes its q entries at slots
+    Cache [layers, 2 (k, v), kv_heads, max_len, head_dim], passed in (a graph input when compiled). A forward writes its q entries at slots
     `start .. start+q-1` and attends over the first `span` slots under `mask` [q, span]; the eager path
     passes span = start + q, the compiled path span = max_len (static shapes, masked)."""
 
-    def __init__(self, model: Any, max_len: int, packed: bool):
+    def __init__(self, model: Any, max_len: int, packed: bool, screen: bool = False):
         super().__init__()
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
@@ -139,7 +196,10 @@ class StaticLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Layer(l, packed) for l in model.model.layers)
         self.norm = model.model.norm.weight.detach()
         head = model.get_output_embeddings()
-        self.head = Dense(head.weight, getattr(head, "bias", None), packed)
+        if screen and getattr(head, "bias", None) is None and head.weight.dtype == torch.float32:
+            self.head: torch.nn.Module = ScreenedHead(head.weight)
+        else:
+            self.head = Dense(head.weight, getattr(head, "bias", None), packed)
         self.vocab_size = head.weight.shape[0]
         # rotary tables from the model's own rotary module: covers rope scaling variants and attention_scaling
         with torch.no_grad():
@@ -147,12 +207,14 @@ class StaticLM(torch.nn.Module):
             cos, sin = model.model.rotary_emb(self.embed[:1][None], pos)
         self.register_buffer("cos", cos[0].to(self.dtype), persistent=False)  # [max_len, hd]
         self.register_buffer("sin", sin[0].to(self.dtype), persistent=False)
-        self.register_buffer("cache", torch.zeros(len(self.layers), 2, self.n_kv, max_len, self.head_dim,
-                                                  dtype=self.dtype), persistent=False)
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               mask: torch.Tensor) -> torch.Tensor:
-        """tokens/positions/slots [q]; mask [q, span] bool (True = attend) -> final hidden states [q, D]."""
+    def new_cache(self) -> torch.Tensor:
+        return torch.zeros(len(self.layers), 2, self.n_kv, self.max_len, self.head_dim, dtype=self.dtype)
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+               cache: torch.Tensor) -> torch.Tensor:
+        """tokens/positions/slots [q]; mask [q, span] bool (True = attend); cache [L, 2, nkv, max_len, hd],
+        written at `slots` -> final hidden states [q, D]."""
         q, span = mask.shape
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(tokens, self.embed)  # [q, D]
@@ -163,7 +225,7 @@ class StaticLM(torch.nn.Module):
             kh = qkv[:, nh * hd : (nh + nkv) * hd].view(q, nkv, hd).transpose(0, 1)  # [nkv, q, hd]
             vh = qkv[:, (nh + nkv) * hd :].view(q, nkv, hd).transpose(0, 1)
             qh, kh = rope(qh, cos, sin), rope(kh, cos, sin)
-            kv = self.cache[i]  # [2, nkv, max_len, hd]
+            kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)
             att = F.scaled_dot_product_attention(
@@ -175,8 +237,8 @@ class StaticLM(torch.nn.Module):
             x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, self.eps)
 
-    def forward(self, tokens, positions, slots, mask) -> torch.Tensor:
-        return self.head(self.hidden(tokens, positions, slots, mask)).float()  # [q, V]
+    def forward(self, tokens, positions, slots, mask, cache) -> torch.Tensor:
+        return self.head(self.hidden(tokens, positions, slots, mask, cache)).float()  # [q, V]
 
 
 class FastVerifier:
@@ -186,7 +248,7 @@ class FastVerifier:
     keep(indices) keeps the accepted path; truncate(n) drops the cache beyond n. `rows=` (optional) limits
     the logits to some rows (e.g. the last row of a prefill), which skips most of the output projection."""
 
-    def __init__(self, model: Any, *, max_len: int = 4096, compiled: bool = False,
+    def __init__(self, model: Any, *, max_len: int = 4096, screen: bool = False, compiled: bool = False,
                  buckets: Sequence[int] = COMPILE_BUCKETS, mode: str = "max-autotune"):
         _check_supported(model)
         if not packing_available():
@@ -197,7 +259,12 @@ class FastVerifier:
         self.model_ref = model
         self.max_len = max_len
         self.max_positions = max_pos
-        self.lm = StaticLM(model, max_len, packed=True).eval()
+        if screen and compiled:
+            raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
+        self.lm = StaticLM(model, max_len, packed=True, screen=screen).eval()
+        # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
+        self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
+        self.cache = self.lm.new_cache()
         self.vocab_size = self.lm.vocab_size
         self.device = torch.device("cpu")
         self.dtype = self.lm.dtype
@@ -209,7 +276,6 @@ class FastVerifier:
         self._compiled_fns: dict[int, Any] = {}
         if compiled:
             self._compiled_lm = StaticLM(model, max_len, packed=False).eval()
-            self._compiled_lm.cache = self.lm.cache  # one cache for both paths
             self._compile_mode = mode
 
     # ------------------------------------------------------------------ protocol
@@ -226,13 +292,13 @@ class FastVerifier:
         tokens = tokens.to(torch.long)
         positions = depths.to(torch.long) + past
         bucket = next((b for b in self.buckets if b >= q), None)
-        if bucket is not None and rows is None:
+        if bucket is not None and rows is None and past + bucket <= self.max_len:
             logits = self._compiled_forward(bucket, tokens, positions, tree_mask.to(torch.bool))
         else:
             slots = torch.arange(past, past + q)
             mask = torch.ones(q, past + q, dtype=torch.bool)
             mask[:, past:] = tree_mask
-            h = self.lm.hidden(tokens, positions, slots, mask)  # [q, D]
+            h = self.lm.hidden(tokens, positions, slots, mask, self.cache)  # [q, D]
             if rows is not None:
                 h = h[torch.as_tensor(list(rows), dtype=torch.long)]
             logits = self.lm.head(h).float()
@@ -249,7 +315,7 @@ class FastVerifier:
             raise IndexError(f"keep: indices must lie in [0, {q}), got {idx}")
         if idx != list(range(len(idx))):  # a chain prefix is already in place
             src = torch.tensor([base + i for i in idx], dtype=torch.long)
-            cache = self.lm.cache  # [L, 2, nkv, max_len, hd]
+            cache = self.cache  # [L, 2, nkv, max_len, hd]
             cache[:, :, :, base : base + len(idx)] = cache.index_select(3, src)
         self.past_len = base + len(idx)
         self._last_q = 0
@@ -261,73 +327,76 @@ class FastVerifier:
         self._last_q = 0
 
     # ------------------------------------------------------------------ compiled buckets
-    def _compiled_forward(self, bucket: int, tokens, positions, tree_mask) -> torch.Tensor:
+    def _compiled_forward(self, bucket: int, tokens, positions, tree_mask, cache=None) -> torch.Tensor:
+        """Pad q to the bucket. Padded rows write to slots past+q .. past+bucket-1 (beyond the new past_len,
+        so never attended and later overwritten), see only themselves, and their logits are dropped."""
         q, past = tokens.shape[0], self.past_len
         fn = self._compiled_fns.get(bucket)
-        if fn is None:
+        first = fn is None
+        if first:
             fn = self._compile(bucket)
-        # pad to the bucket: padded rows write into slots past+q.. (beyond the cache end, never attended),
-        # see nothing but themselves, and their logits are dropped
-        pad = bucket - q
+            t = time.perf_counter()
         tok = torch.zeros(bucket, dtype=torch.long)
         tok[:q] = tokens
         pos = torch.zeros(bucket, dtype=torch.long)
         pos[:q] = positions
-        slots = torch.arange(past, past + bucket).clamp_(max=self.max_len - 1)
-        mask = torch.zeros(bucket, self.max_len, dtype=torch.bool)
+        slots = torch.arange(past, past + bucket)
+        mask = torch.zeros(bucket, self.max_len, dtype=torch.bool)  # static shape: the whole cache, masked
         mask[:q, :past] = True
         mask[:q, past : past + q] = tree_mask
-        if pad:
-            # padded rows attend only to themselves (a row with no visible key would give NaN);
-            # when the bucket runs past the cache end their slots are clamped onto the last slot, which
-            # no real row attends (past + q <= max_len - 1 then, so the last slot is beyond every real row)
-            for r in range(q, bucket):
-                mask[r, int(slots[r])] = True
-        return fn(tok, pos, slots, mask)[:q]
+        mask[torch.arange(q, bucket), slots[q:]] = True  # a row that sees nothing would give NaN
+        logits = fn(tok, pos, slots, mask, self.cache if cache is None else cache)[:q]
+        if first:
+            self.compile_seconds[bucket] = time.perf_counter() - t  # tracing, codegen, autotuning, 1st run
+        return logits
 
     def _compile(self, bucket: int):
         import torch._inductor.config as inductor_config
 
+        # freezing: weights become constants that inductor prepacks (and, with max-autotune, feeds to its
+        # CPU GEMM templates); the FX graph cache keeps compiled graphs on disk for the next process
         inductor_config.freezing = True
         inductor_config.fx_graph_cache = True
-        t = time.perf_counter()
         fn = torch.compile(self._compiled_lm, mode=self._compile_mode, fullgraph=True, dynamic=False)
-        # first call compiles; run it on a throwaway slot range so the live cache is untouched
         self._compiled_fns[bucket] = fn
-        self.compile_seconds[bucket] = time.perf_counter() - t
         return fn
 
     def warm_up(self) -> dict[int, float]:
-        """Compile every bucket now (not on first use); returns seconds per bucket."""
+        """Compile every bucket now rather than on first use (on a scratch cache: the live cache is kept);
+        returns the seconds each bucket took."""
         if not self.compiled:
             return {}
-        saved = self.past_len, self._last_q
-        with torch.inference_mode():
-            for b in self.buckets:
-                t = time.perf_counter()
-                self.past_len = 0
-                self._compiled_forward(b, torch.zeros(b, dtype=torch.long), torch.arange(b),
-                                       torch.ones(b, b, dtype=torch.bool).tril_())
-                self.compile_seconds[b] = time.perf_counter() - t
-        self.past_len, self._last_q = saved  # the warm-up wrote only slots at or beyond... see below
+        scratch = self.lm.new_cache()
+        saved = self.past_len
+        self.past_len = 0
+        try:
+            with torch.inference_mode():
+                for b in self.buckets:
+                    if b not in self._compiled_fns:
+                        self._compiled_forward(b, torch.zeros(b, dtype=torch.long), torch.arange(b),
+                                               torch.ones(b, b, dtype=torch.bool).tril_(), cache=scratch)
+        finally:
+            self.past_len = saved
         return dict(self.compile_seconds)
 
 
 def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwargs):
     """A `Verifier` for a LoadedModel (rest_lsp.model.host) or a bare HF model.
 
-    kind: "auto" (packed where supported, else eager), "eager" (HFVerifier), "packed", "compiled"."""
+    kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
+    projection), "compiled", or "auto": screened where the CPU has native bf16 dot products, else packed;
+    eager where neither supports the model (architecture, int8 dynamic quantization, a GPU)."""
     from rest_lsp.engine.verifier import HFVerifier
 
     if kind not in KINDS:
         raise ValueError(f"make_verifier: kind must be one of {KINDS}, got {kind!r}")
-    model = getattr(loaded, "model", loaded)
+    model = loaded if isinstance(loaded, torch.nn.Module) else loaded.model
     if kind == "eager":
         return HFVerifier(model)
     if kind == "auto":
         try:
-            return FastVerifier(model, max_len=max_len, **kwargs)
+            return FastVerifier(model, max_len=max_len, screen=cpu_has_bf16(), **kwargs)
         except UnsupportedModel:
             return HFVerifier(model)
-    verifier = FastVerifier(model, max_len=max_len, compiled=(kind == "compiled"), **kwargs)
-    return verifier
+    return FastVerifier(model, max_len=max_len, screen=(kind == "screened"), compiled=(kind == "compiled"),
+                        **kwargs)

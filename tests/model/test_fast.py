@@ -1,0 +1,246 @@
+"""The fast CPU verifier computes the same model: logits match transformers' forward, and greedy tree
+speculation with it emits exactly what plain decoding with it emits (and what HFVerifier's plain decoding
+emits), across architectures, seeds, tree shapes, cache lengths and precisions."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from rest_lsp.engine.verifier import HFVerifier, chain_mask
+from rest_lsp.model.fast import FastVerifier, ScreenedHead, UnsupportedModel, make_verifier
+
+VOCAB = 96
+
+
+def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  initializer_range=0.3,  # decisive logits: a random model with 0.02 repeats one token
+                  tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
+    return model.to(dtype).eval()
+
+
+def prompt(seed: int, n: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(100 + seed))
+
+
+def random_tree(truth: list[int], gen: torch.Generator, size: int) -> tuple[list[int], list[int]]:
+    """Draft nodes below the root: (tokens, parents; parent -1 = the root), topological order. A chain that
+    follows `truth` (the true continuation) for a random number of steps and then goes wrong, plus random
+    branches hanging off random nodes, so acceptance lengths vary from 0 to the whole chain."""
+    tokens, parents = [], []
+    good = int(torch.randint(0, len(truth) + 1, (1,), generator=gen))
+    parent = -1
+    for i, t in enumerate(truth[:size]):
+        if i >= good:
+            t = (t + 1 + int(torch.randint(0, VOCAB - 1, (1,), generator=gen))) % VOCAB  # never the truth
+        tokens.append(t)
+        parents.append(parent)
+        parent = len(tokens) - 1
+    while len(tokens) < size:
+        parents.append(int(torch.randint(-1, len(tokens), (1,), generator=gen)))
+        tokens.append(int(torch.randint(0, VOCAB, (1,), generator=gen)))
+    return tokens, parents
+
+
+@torch.inference_mode()
+def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None = None, seed: int = 0,
+           max_nodes: int = 0) -> tuple[list[int], int]:
+    """Greedy decoding with tree verification (max_nodes > 0, drafts built around `truth`) or plain
+    (max_nodes = 0). Returns (tokens, steps). The root of each tree is the pending token (not yet cached)."""
+    gen = torch.Generator().manual_seed(seed)
+    verifier.truncate(0)
+    p = len(prompt_ids)
+    logits = verifier.forward(prompt_ids, torch.arange(p), chain_mask(p))
+    out = [int(logits[-1].argmax())]
+    steps = 0
+    while len(out) < n:
+        size = int(torch.randint(0, max_nodes + 1, (1,), generator=gen)) if max_nodes else 0
+        future = truth[len(out):] if truth is not None else []
+        d_tokens, d_parents = random_tree(future, gen, size) if size else ([], [])
+        q = 1 + len(d_tokens)
+        parent = [-1] + [pp + 1 for pp in d_parents]  # node 0 is the root
+        toks = torch.tensor([out[-1]] + d_tokens)
+        mask = torch.zeros(q, q, dtype=torch.bool)
+        depths = torch.zeros(q, dtype=torch.long)
+        for i in range(q):
+            mask[i, i] = True
+            if parent[i] >= 0:
+                mask[i] |= mask[parent[i]]
+                depths[i] = depths[parent[i]] + 1
+        logits = verifier.forward(toks, depths, mask)
+        steps += 1
+        path, node = [0], 0
+        while True:
+            pred = int(logits[node].argmax())
+            child = next((c for c in range(q) if parent[c] == node and int(toks[c]) == pred), None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        verifier.keep(path)
+        out.extend(int(toks[c]) for c in path[1:])
+        out.append(pred)
+    return out[:n], steps
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
+    model = tiny(kind)
+    hf, fast = HFVerifier(model), FastVerifier(model, max_len=128)
+    x = prompt(0, 23)
+    torch.testing.assert_close(fast.forward(x, torch.arange(23), chain_mask(23)),
+                               hf.forward(x, torch.arange(23), chain_mask(23)), atol=1e-4, rtol=1e-4)
+    # two branches flattened into one call; a causal mask instead would differ by whole units
+    tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]],
+                        dtype=torch.bool)
+    depths = torch.tensor([0, 1, 1, 2, 2])
+    t = prompt(1, 5)
+    torch.testing.assert_close(fast.forward(t, depths, tree), hf.forward(t, depths, tree), atol=1e-4, rtol=1e-4)
+    hf.keep([0, 2, 3])
+    fast.keep([0, 2, 3])
+    assert fast.past_len == hf.past_len == 26
+    one = prompt(2, 1)
+    torch.testing.assert_close(fast.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)),
+                               hf.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)),
+                               atol=1e-4, rtol=1e-4)
+    # prompt-prefix reuse: truncate, then continue differently
+    hf.truncate(10)
+    fast.truncate(10)
+    t = prompt(3, 4)
+    torch.testing.assert_close(fast.forward(t, torch.arange(4), chain_mask(4)),
+                               hf.forward(t, torch.arange(4), chain_mask(4)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen2", 1), ("qwen2", 2), ("llama", 3), ("llama", 4)])
+def test_tree_speculation_emits_plain_greedy(kind, seed):
+    model = tiny(kind, seed)
+    fast = FastVerifier(model, max_len=256)
+    x = prompt(seed, 5 + 7 * seed)
+    n = 40
+    reference, _ = greedy(HFVerifier(model), x, n)
+    plain, plain_steps = greedy(fast, x, n)
+    assert plain == reference
+    assert len(set(plain)) > 3  # a varied sequence, so that a wrong cache or mask would show
+    spec, spec_steps = greedy(fast, x, n, truth=plain, seed=seed, max_nodes=9)
+    assert spec == plain
+    assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
+
+
+def test_rows_limits_logits_to_the_requested_rows():
+    model = tiny()
+    a, b = FastVerifier(model, max_len=64), FastVerifier(model, max_len=64)
+    x = prompt(4, 17)
+    full = a.forward(x, torch.arange(17), chain_mask(17))
+    last = b.forward(x, torch.arange(17), chain_mask(17), rows=[16])
+    assert last.shape == (1, VOCAB)
+    torch.testing.assert_close(last[0], full[16], atol=1e-5, rtol=1e-5)
+    assert b.past_len == 17  # every row still entered the cache
+    one = prompt(5, 1)
+    torch.testing.assert_close(a.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)),
+                               b.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)), atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_speculation_emits_bf16_plain_greedy():
+    model = tiny("qwen2", 5, dtype=torch.bfloat16)
+    fast = FastVerifier(model, max_len=128)
+    assert fast.dtype == torch.bfloat16
+    x = prompt(5, 9)
+    plain, _ = greedy(fast, x, 30)
+    spec, _ = greedy(fast, x, 30, truth=plain, seed=5, max_nodes=7)
+    assert spec == plain
+    fast.truncate(0)
+    hf = HFVerifier(model)
+    torch.testing.assert_close(fast.forward(x, torch.arange(9), chain_mask(9)),
+                               hf.forward(x, torch.arange(9), chain_mask(9)), atol=0.15, rtol=0.05)
+
+
+needs_bf16 = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                                reason="oneDNN has no bf16 on this CPU")
+
+
+@needs_bf16
+def test_screened_head_argmax_is_exact_on_near_ties():
+    """Rows whose top logits differ by far less than bf16 can resolve: the screen must still pick the
+    float64 winner (wherever fp32 itself can tell them apart), with exact fp32 values for candidates."""
+    gen = torch.Generator().manual_seed(0)
+    V, K, M = 3000, 256, 64
+    w = torch.randn(V, K, generator=gen) * 0.05
+    x = torch.randn(M, K, generator=gen)
+    for r in range(M):  # make row r's winner nearly tie with a twin
+        i, j = 2 * r, 2 * r + 1
+        w[j] = w[i] + torch.randn(K, generator=gen) * (10.0 ** -(2 + r % 4))
+        x[r] = 40 * w[i] / w[i].norm() + 0.2 * x[r]
+    head = ScreenedHead(w)
+    out = head(x)
+    truth = x.double() @ w.double().T  # [M, V]
+    top2 = truth.topk(2, dim=1).values
+    decided = (top2[:, 0] - top2[:, 1]) > 1e-4  # beyond fp32's own rounding
+    assert decided.sum() > M // 2 and (~decided).sum() > 0  # both kinds of rows occur
+    assert torch.equal(out.argmax(1)[decided], truth.argmax(1)[decided])
+    winners = out.argmax(1)
+    assert torch.allclose(out[torch.arange(M), winners].double(), truth[torch.arange(M), winners], atol=1e-4)
+    assert head.last_candidates < M * 50  # it screened: far fewer exact products than M * V
+
+
+@needs_bf16
+@pytest.mark.parametrize("seed", [7, 8])
+def test_screened_speculation_emits_plain_greedy(seed):
+    model = tiny("qwen2", seed)
+    fast = make_verifier(model, "screened", max_len=128)
+    assert isinstance(fast.lm.head, ScreenedHead) and not fast.exact_logits
+    x = prompt(seed, 11)
+    reference, _ = greedy(HFVerifier(model), x, 32)
+    plain, _ = greedy(fast, x, 32)
+    assert plain == reference
+    spec, _ = greedy(fast, x, 32, truth=plain, seed=seed, max_nodes=8)
+    assert spec == plain
+
+
+def test_bad_input_gets_clear_errors():
+    fast = FastVerifier(tiny(), max_len=16)
+    x = prompt(6, 12)
+    fast.forward(x, torch.arange(12), chain_mask(12))
+    with pytest.raises(ValueError, match="cache holds 16"):
+        fast.forward(prompt(7, 5), torch.arange(5), chain_mask(5))
+    assert fast.past_len == 12  # the failed call changed nothing
+    with pytest.raises(IndexError):
+        fast.keep([12])
+    with pytest.raises(ValueError):
+        fast.truncate(-1)
+    with pytest.raises(ValueError, match="kind"):
+        make_verifier(tiny(), "turbo")
+
+
+def test_auto_falls_back_to_transformers_for_unsupported_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert isinstance(make_verifier(gpt2, "auto"), HFVerifier)
+    with pytest.raises(UnsupportedModel, match="gpt2"):
+        make_verifier(gpt2, "packed")
+    assert isinstance(make_verifier(tiny(), "auto"), FastVerifier)
+
+
+def test_compiled_buckets_emit_plain_greedy():
+    """The compile path at the smallest shapes (1 layer, one bucket of 4 serving q = 1..4 padded; inductor's
+    default mode); the max-autotune variant runs with REST_LSP_SLOW_TESTS=1."""
+    mode = "max-autotune" if os.environ.get("REST_LSP_SLOW_TESTS") else "default"
+    model = tiny("qwen2", 6, layers=1)
+    fast = FastVerifier(model, max_len=64, compiled=True, buckets=(4,), mode=mode)
+    x = prompt(6, 6)
+    reference, _ = greedy(HFVerifier(model), x, 24)
+    plain, _ = greedy(fast, x, 24)  # q = 1, padded to 4 (the 6-token prefill runs the packed eager path)
+    assert plain == reference
+    spec, _ = greedy(fast, x, 24, truth=plain, seed=6, max_nodes=3)  # q = 1..4
+    assert spec == plain
+    assert set(fast.compile_seconds) == {4}
