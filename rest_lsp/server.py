@@ -1,0 +1,252 @@
+"""The LSP layer: registers features with pygls and delegates to rest_lsp.service.
+
+Everything here converts between LSP types (UTF-16 positions, lsprotocol classes, JSON-RPC errors) and the
+service's plain values; the per-request logic lives in rest_lsp/service/.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.json_rpc import JsonRPCNotification
+
+from .service.config import ServerConfig
+from .service.core import CompletionRequest, CompletionService, ServiceError
+from .service.prompt import Selected
+
+log = logging.getLogger(__name__)
+
+STATS = "rest/stats"
+DRAFTS = "rest/drafts"
+MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model failed to load
+
+
+class _Protocol(LanguageServerProtocol):
+    """Answers malformed requests with InvalidParams instead of dropping them (pygls logs and moves on,
+    leaving the client waiting forever)."""
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if "id" in data and "method" in data and "error" not in data:
+                why = exc.__cause__ or exc
+                self._send_response(data["id"], error=JsonRpcInvalidParams(
+                    f"malformed params for {data['method']}: {str(why).splitlines()[0][:300]}"
+                ).to_response_error())
+                # a "$/" notification nobody handles: pygls ignores it quietly
+                return JsonRPCNotification(method="$/rest-lsp/malformed", jsonrpc="2.0", params=None)
+            raise
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("rest-lsp")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        return "0"
+
+
+class RestLanguageServer(LanguageServer):
+    def __init__(self, service: CompletionService | None = None,
+                 workspace_factory: Callable[["RestLanguageServer"], Any] | None = None):
+        super().__init__("rest-lsp", _version(), protocol_cls=_Protocol,
+                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.service = service or CompletionService(ServerConfig(), notify=self.notify_log)
+        if service is not None and getattr(service, "_notify", None) is not None:
+            service._notify = self.notify_log
+        self._workspace_factory = workspace_factory
+        self.indexing = None   # rest_lsp.service.workspace.WorkspaceIndex, after `initialized`
+        self.loop: asyncio.AbstractEventLoop | None = None   # captured in `initialize`
+
+    def notify_log(self, level: str, message: str) -> None:
+        """window/logMessage from any thread (the inference and indexing threads report through here)."""
+        kind = {"error": types.MessageType.Error, "warning": types.MessageType.Warning,
+                "info": types.MessageType.Info}.get(level, types.MessageType.Log)
+        getattr(log, level if level in ("error", "warning", "info") else "debug")(message)
+        loop = getattr(self, "loop", None)
+        params = types.LogMessageParams(type=kind, message=f"rest-lsp: {message}")
+        try:
+            if loop is not None and loop.is_running():
+                loop.call_soon_threadsafe(self.window_log_message, params)
+        except RuntimeError:
+            pass   # the loop is closing
+
+
+def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
+    """A client position (UTF-16 by default) as (line, code-point column); columns past the line stay past."""
+    lines = doc.lines
+    if pos.line < len(lines):
+        line = lines[pos.line]
+        col = doc.position_codec.position_from_client_units(lines, pos).character
+        units = doc.position_codec.client_num_units(line.rstrip("\r\n"))
+        if pos.character > units:
+            col = len(line.rstrip("\r\n")) + (pos.character - units)
+        return pos.line, col
+    return pos.line, pos.character
+
+
+def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
+    from .service.prompt import line_offsets
+    start, end = line_offsets(text, line)
+    return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
+
+
+def _error(exc: ServiceError) -> JsonRpcException:
+    if exc.code == "invalid_params":
+        return JsonRpcInvalidParams(str(exc))
+    from pygls.exceptions import JsonRpcServerError
+    return JsonRpcServerError(str(exc), MODEL_UNAVAILABLE)
+
+
+def create_server(config: ServerConfig | None = None, service: CompletionService | None = None
+                  ) -> RestLanguageServer:
+    server = RestLanguageServer(service)
+    svc = server.service
+    if config is not None:
+        svc.config = config
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: RestLanguageServer, params: types.InitializeParams):
+        try:
+            ls.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        changed, problems = svc.configure(params.initialization_options or {})
+        svc.start()
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: RestLanguageServer, params: types.InitializedParams):
+        from .service.workspace import WorkspaceIndex
+        folders = [f.uri for f in (ls.workspace.folders or {}).values()] or \
+            ([ls.workspace.root_uri] if ls.workspace.root_uri else [])
+        ls.indexing = WorkspaceIndex(svc, ls.notify_log, _ProgressReporter(ls))
+        ls.indexing.start(folders)
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: RestLanguageServer, params):
+        if ls.indexing is not None:
+            ls.indexing.close()
+        svc.close()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):
+        changed, problems = svc.configure(params.settings)
+        if ls.indexing is not None and changed & {"exclude", "index_workspace", "cache_dir", "corpus"}:
+            ls.indexing.reconfigure(changed)
+        for p in problems:
+            ls.window_show_message(types.ShowMessageParams(types.MessageType.Warning, f"rest-lsp: {p}"))
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: RestLanguageServer, params: types.DidOpenTextDocumentParams):
+        if ls.indexing is not None:
+            ls.indexing.buffer_changed(params.text_document.uri, params.text_document.text)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: RestLanguageServer, params: types.DidChangeTextDocumentParams):
+        if ls.indexing is not None:
+            uri = params.text_document.uri
+            ls.indexing.buffer_changed(uri, lambda: ls.workspace.get_text_document(uri).source)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: RestLanguageServer, params: types.DidSaveTextDocumentParams):
+        if ls.indexing is not None:
+            ls.indexing.file_saved(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams):
+        svc.document_closed(params.text_document.uri)
+        if ls.indexing is not None:
+            ls.indexing.buffer_closed(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: RestLanguageServer, params: types.InlineCompletionParams):
+        uri = params.text_document.uri
+        if uri not in ls.workspace.text_documents:
+            raise JsonRpcInvalidParams(f"unknown document {uri}: open it with textDocument/didOpen first")
+        doc = ls.workspace.get_text_document(uri)
+        text = doc.source
+        line, col = _to_columns(doc, params.position)
+        ctx = params.context
+        selected = None
+        if ctx is not None and ctx.selected_completion_info is not None:
+            info = ctx.selected_completion_info
+            selected = Selected(_to_columns(doc, info.range.start), _to_columns(doc, info.range.end), info.text)
+        req = CompletionRequest(uri=uri, text=text, line=line, column=col,
+                                automatic=ctx is None or ctx.trigger_kind != types.InlineCompletionTriggerKind.Invoked,
+                                selected=selected, language=doc.language_id)
+        try:
+            resp = await svc.complete(req)
+        except ServiceError as exc:
+            raise _error(exc) from None
+        return types.InlineCompletionList(items=[
+            types.InlineCompletionItem(
+                insert_text=item.text,
+                range=types.Range(_from_columns(doc, text, *item.start), _from_columns(doc, text, *item.end)))
+            for item in resp.items])
+
+    @server.feature(STATS)
+    def stats(ls: RestLanguageServer, params: Any):
+        last = 20
+        if isinstance(params, dict) and isinstance(params.get("last"), int):
+            last = params["last"]
+        snap = svc.snapshot(last)
+        snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
+        return snap
+
+    @server.feature(DRAFTS)
+    async def drafts(ls: RestLanguageServer, params: Any):
+        """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
+        if not isinstance(params, dict) or not isinstance(params.get("text"), str):
+            raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>"}')
+        if ls.indexing is None:
+            raise JsonRpcInvalidParams("the workspace is not initialized yet")
+        return await asyncio.get_running_loop().run_in_executor(
+            None, ls.indexing.drafts, params["text"], int(params.get("max_len", 10)))
+
+    return server
+
+
+class _ProgressReporter:
+    """Work-done progress for indexing, callable from the indexing thread."""
+
+    def __init__(self, ls: RestLanguageServer):
+        self.ls = ls
+        self.supported = bool(ls.client_capabilities.window and ls.client_capabilities.window.work_done_progress)
+        self._n = 0
+
+    def _call(self, fn, *args) -> None:
+        loop = self.ls.loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def begin(self, title: str, message: str = "") -> str | None:
+        if not self.supported:
+            return None
+        self._n += 1
+        token = f"rest-lsp-index-{self._n}"
+
+        def start():
+            try:
+                fut = self.ls.work_done_progress.create(token)
+                fut.add_done_callback(lambda f: self.ls.work_done_progress.begin(
+                    token, types.WorkDoneProgressBegin(title=title, message=message, percentage=0,
+                                                       cancellable=False)))
+            except Exception:  # noqa: BLE001 - progress is cosmetic
+                log.exception("work-done progress failed")
+        self._call(start)
+        return token
+
+    def report(self, token: str | None, message: str, percentage: int | None = None) -> None:
+        if token is not None:
+            self._call(lambda: token in self.ls.work_done_progress.tokens and self.ls.work_done_progress.report(
+                token, types.WorkDoneProgressReport(message=message, percentage=percentage)))
+
+    def end(self, token: str | None, message: str = "") -> None:
+        if token is not None:
+            self._call(lambda: self.ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message)))

@@ -1,0 +1,114 @@
+"""The real backend: the model host, the REST engine and its draft sources, owned by the inference thread.
+
+Draft sources, mixed by share (the shares that measured best in docs/NOTES: context 0.5, repository 0.3,
+corpus 0.2): the prompt itself and the model's earlier output (`ContextSource`, `HistorySource`), the
+workspace datastores with their live shards of open buffers (`DatastoreSource` over `DatastoreSet`), and the
+configured corpus datastore. Plain decoding (`use_retrieval=False`, or draft_budget 0) runs the same engine
+without sources.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .config import ServerConfig
+from .core import Attempt
+from .datastores import DatastoreSet
+from .prompt import CompletionContext
+
+log = logging.getLogger(__name__)
+
+SHARES = {"context": 0.5, "repository": 0.3, "corpus": 0.2}
+
+
+class EngineBackend:
+    """Implements rest_lsp.service.core.Backend with rest_lsp.engine."""
+
+    def __init__(self, loaded, repository: DatastoreSet, corpus_path: str | None = None):
+        from rest_lsp.engine.generate import Engine
+        from rest_lsp.engine.sources import ContextSource, DatastoreSource
+
+        self.loaded = loaded
+        self.name = loaded.name
+        self.repository = repository
+        self.corpus = None
+        self.corpus_error: str | None = None
+        if corpus_path:
+            try:
+                from indexer.store import Datastore
+                self.corpus = Datastore.open(Path(corpus_path).expanduser(), tokenizer=self.tokenizer_spec())
+            except Exception as exc:  # noqa: BLE001 - completions work without the corpus
+                self.corpus_error = f"{type(exc).__name__}: {exc}"
+                log.warning("corpus datastore %s not used: %s", corpus_path, self.corpus_error)
+        self.context = ContextSource()
+        sources = [(self.context, SHARES["context"]),
+                   (DatastoreSource(repository, name="repository"), SHARES["repository"])]
+        if self.corpus is not None:
+            sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
+        self.engine = Engine(loaded, sources)
+        self._plain = None     # plain decoding, for `rest-lsp complete --compare` and draft_budget 0
+
+    def warm_up(self) -> None:
+        """One short generation at load time: the first request must not pay for the one-time
+        calibration of the verification cost c(q) (cached on disk) and the first-call overheads."""
+        from rest_lsp.engine.generate import GenerationConfig
+
+        self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
+
+    def tokenizer_spec(self) -> str | None:
+        """What the indexer needs to load the same tokenizer (a model dir; None for the embedded model)."""
+        path = getattr(self.loaded, "path", None)
+        return str(path) if path is not None else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.loaded.tokenizer.decode(list(ids))
+
+    def generate(self, ctx: CompletionContext, config: ServerConfig, *, time_budget_s: float | None,
+                 should_stop: Callable[[], bool], temperature: float = 0.0, seed: int | None = None,
+                 use_retrieval: bool = True) -> Attempt:
+        from rest_lsp.engine.generate import GenerationConfig
+
+        prompt = self.loaded.build_prompt(ctx.prompt_prefix(config.max_prefix_chars),
+                                          ctx.prompt_suffix(config.max_suffix_chars),
+                                          max_new_tokens=config.max_tokens)
+        gen = GenerationConfig(
+            max_new_tokens=config.max_tokens,
+            draft_budget=config.draft_budget if use_retrieval else 0,
+            time_budget_s=time_budget_s,
+            max_lines=config.max_lines if ctx.multiline else 1,
+            stop_text=ctx.stop_text() if ctx.multiline else None,
+            temperature=temperature, seed=seed)
+        if use_retrieval:
+            engine = self.engine
+        else:
+            if self._plain is None:
+                from rest_lsp.engine.generate import Engine
+                self._plain = Engine(self.loaded, ())
+            engine = self._plain
+        t0 = time.perf_counter()
+        r = engine.generate(prompt, gen, should_stop=should_stop)
+        wall = (time.perf_counter() - t0) * 1000
+        return Attempt(text=r.text, stop_reason=r.stop_reason, tokens=len(r.tokens), steps=r.steps,
+                       accepted=list(r.accepted), retrieval_ms=float(sum(r.retrieval_ms)),
+                       forward_ms=float(sum(r.forward_ms)), prefill_ms=r.prefill_s * 1000,
+                       decode_ms=r.decode_s * 1000 if r.decode_s else wall)
+
+    def describe(self) -> dict:
+        lm = self.loaded
+        return {"name": lm.name, "device": str(lm.device), "precision": lm.precision,
+                "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
+                else self.corpus_error}
+
+
+def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -> EngineBackend:
+    from rest_lsp.model.host import load_model
+
+    loaded = load_model(config.model, device=config.device, precision=config.precision)
+    backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus)
+    backend.warm_up()
+    return backend

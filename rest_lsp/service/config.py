@@ -1,0 +1,107 @@
+"""Daemon configuration: defaults, and merging `initializationOptions` / `workspace/didChangeConfiguration`.
+
+Clients send settings either flat or nested under a section name ("rest-lsp", "restLsp", "rest_lsp");
+keys may be snake_case or camelCase. Unknown keys are reported, never silently dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SECTIONS = ("rest-lsp", "restLsp", "rest_lsp")
+
+# Settings whose change means the model (and everything tokenised with it) must be reloaded.
+MODEL_KEYS = frozenset({"model", "device", "precision"})
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None            # model dir / hub id / .gguf; None: the embedded Qwen2.5-Coder-0.5B
+    device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
+    precision: str = "auto"             # "auto" | "fp32" | "int8" | "bf16" | "fp16"
+    corpus: str | None = None           # a datastore built with `rest-index` (optional)
+    draft_budget: int | None = None     # draft tree nodes per step; None: calibrated, 0: plain decoding
+    max_tokens: int = 64                # new tokens per completion
+    max_lines: int = 8                  # lines of a multi-line completion
+    time_budget_ms: int = 1500          # per request, 0: none; past it the text so far is returned, cut at a line
+    languages: list[str] | None = None  # LSP languageIds served; None: all
+    exclude: list[str] = field(default_factory=lambda: [
+        "**/.git/**", "**/node_modules/**", "**/.venv/**", "**/__pycache__/**", "**/build/**", "**/dist/**"])
+    index_workspace: bool = True        # index workspace folders into a per-workspace datastore
+    cache_dir: str | None = None        # None: the user cache directory (platformdirs)
+    request_log: str | None = None      # JSONL file, one line per request
+    alternatives: int = 2               # items for an Invoked trigger (greedy + sampled); Automatic gets 1
+    max_prefix_chars: int = 6000        # text before the cursor put in the prompt
+    max_suffix_chars: int = 1500        # text after the cursor put in the prompt (fill-in-the-middle)
+    max_live_bytes: int = 2_000_000     # larger open buffers are not fed to the live draft shard
+    queue_size: int = 8                 # pending requests (one per document at most) before the oldest is dropped
+
+
+_FIELD_NAMES = {f.name for f in fields(ServerConfig)}
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower().replace("-", "_")
+
+
+def _coerce(name: str, value: Any, current: Any) -> Any:
+    """Type-check one setting against the field's default type; raise ValueError with the setting's name."""
+    if value is None:
+        if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log"}:
+            return None
+        raise ValueError(f"{name}: null is not allowed")
+    default = getattr(ServerConfig(), name)
+    kind = type(default) if default is not None else {"draft_budget": int, "languages": list}.get(name, str)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: expected true/false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+            raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
+        return int(value)
+    if kind is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{name}: expected a list of strings, got {value!r}")
+        return list(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string, got {value!r}")
+    if name == "precision" and value not in {"auto", "fp32", "int8", "bf16", "fp16"}:
+        raise ValueError(f"precision: expected auto|fp32|int8|bf16|fp16, got {value!r}")
+    return value
+
+
+def unwrap_settings(settings: Any) -> dict:
+    """The rest-lsp part of a settings object (flat, or under one of SECTIONS)."""
+    if not isinstance(settings, dict):
+        return {}
+    for section in SECTIONS:
+        if isinstance(settings.get(section), dict):
+            return settings[section]
+    return settings
+
+
+def merge(config: ServerConfig, settings: Any) -> tuple[ServerConfig, set[str], list[str]]:
+    """Apply settings over config. Returns (new config, names of changed fields, problems)."""
+    updates: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in unwrap_settings(settings).items():
+        name = _snake(str(key))
+        if name not in _FIELD_NAMES:
+            problems.append(f"unknown setting {key!r}")
+            continue
+        try:
+            updates[name] = _coerce(name, value, getattr(config, name))
+        except ValueError as exc:
+            problems.append(str(exc))
+    changed = {k for k, v in updates.items() if getattr(config, k) != v}
+    return dataclasses.replace(config, **updates), changed, problems
+
+
+def describe() -> list[tuple[str, Any]]:
+    """(name, default) for the documentation and `rest/stats`."""
+    return [(f.name, getattr(ServerConfig(), f.name)) for f in fields(ServerConfig)]

@@ -1,0 +1,68 @@
+"""The workspace datastores as one draft source, swappable while the server runs (no torch here)."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class DatastoreSet:
+    """Several datastores searched as one (the workspace folders), swappable while the server runs.
+
+    Searches run on the inference thread while indexing threads swap datastores in and feed live shards,
+    so every access goes through one lock; the longest match wins, ties merge their continuations.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._stores: dict[str, object] = {}
+
+    def set(self, key: str, store) -> None:
+        with self._lock:
+            old = self._stores.pop(key, None)
+            if store is not None:
+                self._stores[key] = store
+        close = getattr(old, "close", None)
+        if close is not None and old is not store:
+            try:
+                close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing datastore %s", key)
+
+    def get(self, key: str):
+        with self._lock:
+            return self._stores.get(key)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._stores)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._stores)
+
+    def call(self, key: str, method: str, *args) -> bool:
+        """Run a mutating method (set_live, drop_live, update_paths) on one store under the lock."""
+        with self._lock:
+            store = self._stores.get(key)
+            if store is None:
+                return False
+            getattr(store, method)(*args)
+            return True
+
+    def search(self, context: Sequence[int], **kw):
+        from indexer.types import SearchResult
+
+        with self._lock:
+            results = [s.search(context, **kw) for s in self._stores.values()]
+        results = [r for r in results if r.match_len > 0]
+        if not results:
+            return SearchResult(0, 0, [])
+        best = max(r.match_len for r in results)
+        top = [r for r in results if r.match_len == best]
+        if len(top) == 1:
+            return top[0]
+        conts = sorted((c for r in top for c in r.continuations), key=lambda c: -c.weight)
+        return SearchResult(best, sum(r.count for r in top), conts)

@@ -1,0 +1,95 @@
+"""`rest-lsp complete PATH:LINE:COL`: the completion the daemon would serve there, with its figures."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Callable
+
+from .config import ServerConfig, merge
+from .core import CompletionRequest, CompletionService
+from .prompt import build_context
+
+
+class OneShotError(Exception):
+    """Bad input to the one-shot command; the message is for the user."""
+
+
+def run_complete(path: Path, line: int, column: int, *, settings: dict, workspace: str | None = None,
+                 compare: bool = False, invoked: bool = False,
+                 progress: Callable[[str], None] | None = None) -> dict:
+    """line and column count from 0 here."""
+    say = progress or (lambda m: None)
+    path = Path(path).expanduser()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise OneShotError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if line >= len(lines):
+        raise OneShotError(f"{path} has {len(lines)} lines; line {line + 1} is past the end")
+    config, _, problems = merge(ServerConfig(), settings)
+    if problems:
+        raise OneShotError("; ".join(problems))
+    service = CompletionService(config, notify=lambda level, msg: say(f"[{level}] {msg}"))
+    service.start()
+    say("loading the model ...")
+    service.worker.wait_loaded()
+    if service.worker.state != "ready":
+        service.close()
+        raise OneShotError(f"the model failed to load: {service.worker.error}")
+    uri = path.resolve().as_uri()
+    ws_info = None
+    index = None
+    if workspace:
+        from .workspace import WorkspaceIndex
+
+        root = Path(workspace).expanduser()
+        if not root.is_dir():
+            raise OneShotError(f"--workspace {workspace}: not a directory")
+        index = WorkspaceIndex(service, lambda level, msg: say(f"[{level}] {msg}"))
+        say(f"indexing {root} ...")
+        index.start([str(root)])
+        index.buffer_changed(uri, text)
+        index.wait_idle(timeout=3600)
+        f = next(iter(index.folders.values()), None)
+        if f is not None:
+            ws_info = {"folder": str(f.root), "state": f.state, "error": f.error, "datastore": str(f.store_dir),
+                       "indexed_s": f.indexed_s, "detail": f.detail}
+    req = CompletionRequest(uri, text, line, column, automatic=not invoked,
+                            language=path.suffix.lstrip(".") or None)
+    try:
+        resp = asyncio.run(service.complete(req))
+    except Exception as exc:  # noqa: BLE001
+        service.close()
+        raise OneShotError(str(exc)) from exc
+    rec = resp.record
+    out = {
+        "path": str(path), "line": line + 1, "column": column + 1, "mode": rec.get("mode"),
+        "model": service.worker.backend.name,
+        "completion": resp.items[0].text if resp.items else "",
+        "alternatives": [i.text for i in resp.items[1:]],
+        "figures": {"tokens": rec.get("tokens", 0), "steps": rec.get("steps", 0),
+                    "accepted_per_step": rec.get("accepted_per_step"), "time_ms": rec["latency_ms"],
+                    "prefill_ms": rec.get("prefill_ms", 0.0), "retrieval_ms": rec.get("retrieval_ms", 0.0),
+                    "forward_ms": rec.get("forward_ms", 0.0), "stop_reason": rec.get("stop_reason")},
+        "workspace": ws_info,
+    }
+    if compare:
+        ctx = build_context(text, line, column)
+        cfg = service.config
+        budget = cfg.time_budget_ms / 1000 if cfg.time_budget_ms else None
+        t0 = time.perf_counter()
+        plain = service.worker.run_sync(lambda b, stop: b.generate(
+            ctx, cfg, time_budget_s=budget, should_stop=stop, use_retrieval=False))
+        ms = (time.perf_counter() - t0) * 1000
+        rest_ms = out["figures"]["time_ms"]
+        out["plain"] = {"time_ms": round(ms, 1), "steps": plain.steps, "tokens": plain.tokens,
+                        "speedup": round(ms / rest_ms, 3) if rest_ms else None,
+                        "same_text": plain.text == rec.get("raw")}
+    if index is not None:
+        index.close()
+    service.close()
+    return out
+

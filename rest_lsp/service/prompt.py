@@ -1,0 +1,144 @@
+"""From a document and a cursor to what the model sees, and from the model's text to what the editor shows.
+
+Positions here are (line, column) in code points of Python strings; the protocol layer converts the client's
+UTF-16 units. Rules:
+- single line when code follows the cursor on its line (only closing brackets, quotes or separators after
+  the cursor do not count), or when the cursor ends a line that does not open a block;
+- multi-line when the cursor sits on an empty (whitespace-only) line, or right after a block opener
+  (`:` `{` `(` `[` `=>` `do` `then`...).
+The text after the cursor is the fill-in-the-middle suffix. A selected completion item (LSP
+`selectedCompletionInfo`) is applied to the prefix first, and every result starts with its text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BLOCK_OPENER = re.compile(r"(:|\{|\(|\[|=>|\bdo|\bthen|\bbegin)\s*$")
+CLOSERS = set(")]}>\"'`;,: \t")
+PREFIX_ANCHOR = 2048  # prefix windows start at multiples of this (then the next line) so the prompt start
+                      # stays put while typing and the KV cache of the shared prefix stays reusable
+
+
+class PositionError(ValueError):
+    """A position outside the document (the protocol layer answers InvalidParams)."""
+
+
+@dataclass(frozen=True)
+class Selected:
+    """The completion item selected in the editor's popup: replaces [start, end) with text."""
+    start: tuple[int, int]
+    end: tuple[int, int]
+    text: str
+
+
+@dataclass(frozen=True)
+class CompletionContext:
+    prefix: str          # whole document before the cursor (selected item applied)
+    suffix: str          # whole document after the cursor
+    multiline: bool
+    line: int            # cursor
+    column: int
+    range_start: tuple[int, int]   # where returned items start replacing (cursor, or the selected item's start)
+    lead: str            # text every returned item must start with (the selected item's text, else "")
+
+    def prompt_prefix(self, max_chars: int) -> str:
+        """The tail of the prefix for the prompt, starting at a stable line boundary."""
+        if len(self.prefix) <= max_chars:
+            return self.prefix
+        start = len(self.prefix) - max_chars
+        start = -(-start // PREFIX_ANCHOR) * PREFIX_ANCHOR  # round up: stable while typing within a block
+        nl = self.prefix.find("\n", start)
+        return self.prefix[nl + 1:] if 0 <= nl < len(self.prefix) - 1 else self.prefix[start:]
+
+    def prompt_suffix(self, max_chars: int) -> str:
+        if len(self.suffix) <= max_chars:
+            return self.suffix
+        cut = self.suffix.rfind("\n", 0, max_chars)
+        return self.suffix[: cut + 1 if cut > 0 else max_chars]
+
+    def stop_text(self) -> str | None:
+        """The first non-blank line after the cursor's line: a multi-line infill stops before repeating it."""
+        for ln in self.suffix.split("\n", 8)[1:8]:
+            if ln.strip():
+                return ln.strip()
+        return None
+
+
+def line_offsets(text: str, line: int) -> tuple[int, int]:
+    """(start, end) offsets of a line's content without its line break; PositionError past the end."""
+    if line < 0:
+        raise PositionError(f"line {line} is negative")
+    start = 0
+    for n in range(line):
+        nl = text.find("\n", start)
+        if nl < 0:
+            raise PositionError(f"line {line} is past the end of the document ({n + 1} lines)")
+        start = nl + 1
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    if end > start and text[end - 1] == "\r":
+        end -= 1
+    return start, end
+
+
+def offset_of(text: str, line: int, column: int) -> int:
+    """Offset of a position; a column past the end of its line means the line's end (as LSP specifies)."""
+    if column < 0:
+        raise PositionError(f"column {column} is negative")
+    start, end = line_offsets(text, line)
+    return min(start + column, end)
+
+
+def build_context(text: str, line: int, column: int, selected: Selected | None = None) -> CompletionContext:
+    offset = offset_of(text, line, column)
+    column = offset - line_offsets(text, line)[0]
+    prefix, suffix = text[:offset], text[offset:]
+    range_start, lead = (line, column), ""
+    if selected is not None:
+        s = offset_of(text, *selected.start)
+        e = offset_of(text, *selected.end)
+        if not s <= e <= offset:
+            raise PositionError("selectedCompletionInfo.range must end at or before the cursor")
+        prefix = text[:s] + selected.text
+        range_start, lead = selected.start, selected.text
+    line_before = prefix[prefix.rfind("\n") + 1:]
+    nl = suffix.find("\n")
+    line_after = suffix if nl < 0 else suffix[:nl]
+    code_after = any(ch not in CLOSERS for ch in line_after.rstrip("\r"))
+    if code_after:
+        multiline = False
+    else:
+        multiline = not line_before.strip() or bool(BLOCK_OPENER.search(line_before))
+    return CompletionContext(prefix, suffix, multiline, line, column, range_start, lead)
+
+
+def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool) -> str:
+    """Cut the model's text to what the editor should show.
+
+    Single line: up to the first line break, without a trailing copy of the text after the cursor.
+    Multi-line: at most max_lines, stopping before a line that repeats the next line of the suffix.
+    truncated (the time budget ran out mid-way): cut back to the last complete line; a single line is cut
+    back to its last word boundary.
+    """
+    if not ctx.multiline or (truncated and "\n" not in text):
+        text = text.split("\n", 1)[0]
+        if truncated:
+            m = re.search(r"^.*[\s\W]", text)   # up to the last space or punctuation
+            text = m.group(0) if m else ""
+        after = ctx.suffix.split("\n", 1)[0].strip()
+        if after and text.rstrip().endswith(after):
+            text = text.rstrip()[: -len(after)]
+        return text.rstrip() if text.strip() else ""
+    lines = text.split("\n")
+    if truncated and len(lines) > 1:
+        lines = lines[:-1]                    # the last line is incomplete
+    stop = ctx.stop_text()
+    out: list[str] = []
+    for i, ln in enumerate(lines[:max_lines]):
+        if stop and i > 0 and ln.strip() == stop:
+            break
+        out.append(ln)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out)

@@ -1,0 +1,80 @@
+"""Per-request figures and totals for `rest/stats`, and the optional JSONL request log."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("completed", "empty", "cache", "cancelled", "superseded", "dropped", "error", "skipped")
+
+
+class Stats:
+    def __init__(self, keep: int = 200):
+        self._lock = threading.Lock()
+        self.recent: deque[dict] = deque(maxlen=keep)
+        self.started = time.time()
+        self.totals: dict[str, Any] = {
+            "requests": 0, "model_calls": 0, "cache_hits": 0, **{o: 0 for o in OUTCOMES},
+            "tokens": 0, "steps": 0, "retrieval_ms": 0.0, "forward_ms": 0.0,
+            "wasted_tokens": 0, "wasted_steps": 0,   # decoded by requests that were cancelled or superseded
+        }
+        self._next_id = 0
+        self.request_log: Path | None = None
+
+    def new_id(self) -> int:
+        with self._lock:
+            self._next_id += 1
+            return self._next_id
+
+    def record(self, rec: dict) -> None:
+        with self._lock:
+            t = self.totals
+            t["requests"] += 1
+            t[rec["outcome"]] = t.get(rec["outcome"], 0) + 1
+            if rec["outcome"] == "cache":
+                t["cache_hits"] += 1
+            if rec.get("model_call"):
+                t["model_calls"] += 1
+            for k in ("tokens", "steps", "retrieval_ms", "forward_ms"):
+                t[k] += rec.get(k) or 0
+            self.recent.append(rec)
+            path = self.request_log
+        if path is not None:
+            try:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec, default=str) + "\n")
+            except OSError as exc:
+                log.warning("request log %s not writable (%s); disabled", path, exc)
+                self.request_log = None
+
+    def record_waste(self, tokens: int, steps: int) -> None:
+        """Work a stopped request did before it stopped (arrives after its answer was sent)."""
+        with self._lock:
+            self.totals["wasted_tokens"] += tokens
+            self.totals["wasted_steps"] += steps
+
+    def snapshot(self, last: int = 20) -> dict:
+        with self._lock:
+            t = dict(self.totals)
+            recent = list(self.recent)[-last:] if last else []
+        t["accepted_per_step"] = round(t["tokens"] / t["steps"], 3) if t["steps"] else None
+        served = t["requests"] - t["skipped"] - t["error"]
+        t["cache_hit_rate"] = round(t["cache_hits"] / served, 3) if served else None
+        lat = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in ("completed", "cache", "empty"))
+        t["latency_ms_p50"] = _pct(lat, 50)
+        t["latency_ms_p95"] = _pct(lat, 95)
+        t["uptime_s"] = round(time.time() - self.started, 1)
+        return {"totals": t, "recent": recent}
+
+
+def _pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    i = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return round(xs[i], 1)

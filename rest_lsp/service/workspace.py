@@ -1,0 +1,290 @@
+"""Workspace datastores: index the folders on `initialized`, keep them current, feed open buffers.
+
+One thread ("rest-lsp-index") does everything here, so the event loop and the inference thread never wait
+on tokenisation or suffix-array builds:
+- each workspace folder gets a datastore under <cache>/workspaces/<name>-<hash>, built or brought up to
+  date with the files on disk (LSP work-done progress while it runs), then swapped into the service's
+  DatastoreSet; completions work before that, with the other sources;
+- the folder is watched (indexer.watch) and saved/changed files go to `update_paths` (delta shards);
+- open buffers go to the datastore's live shard (`set_live`), coalesced: only a buffer's latest text is
+  tokenised. Buffers outside every indexed folder go to the context source's buffer list instead.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import unquote, urlparse
+
+log = logging.getLogger(__name__)
+
+
+def uri_to_path(uri: str) -> Path | None:
+    u = urlparse(uri)
+    if u.scheme != "file":
+        return None
+    p = unquote(u.path)
+    if os.name == "nt" and p.startswith("/") and len(p) > 2 and p[2] == ":":
+        p = p[1:]
+    return Path(p)
+
+
+def default_cache_dir() -> Path:
+    """REST_LSP_CACHE, else the user cache directory (the same root the model cache uses)."""
+    env = os.environ.get("REST_LSP_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rest-lsp"))
+
+
+def workspace_store_dir(cache_dir: Path, folder: Path) -> Path:
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in folder.name)[:40] or "root"
+    return cache_dir / "workspaces" / f"{name}-{key}"
+
+
+class _Folder:
+    def __init__(self, root: Path):
+        self.root = root
+        self.key = str(root)
+        self.state = "pending"         # pending | indexing | ready | failed | disabled
+        self.error: str | None = None
+        self.store_dir: Path | None = None
+        self.detail: dict = {}
+        self.updates = 0               # files re-read after a change on disk
+        self.live_updates = 0          # buffer texts fed to the live shard
+        self.watcher = None
+        self.indexed_s: float | None = None
+
+
+class WorkspaceIndex:
+    def __init__(self, service, notify: Callable[[str, str], None], progress=None):
+        self.service = service
+        self.notify = notify
+        self.progress = progress
+        self.folders: dict[str, _Folder] = {}
+        self._live: dict[str, Any] = {}            # open buffers: uri -> latest text (or a callable returning it)
+        self._dirty: set[str] = set()              # buffers whose latest text is not fed yet
+        self._live_lock = threading.Lock()
+        self._tasks: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="rest-lsp-index", daemon=True)
+        self._thread.start()
+
+    # -- event-loop side: cheap, never blocks ------------------------------------------------------
+    def start(self, folder_uris: list[str]) -> None:
+        for uri in folder_uris:
+            path = uri_to_path(uri) if "://" in uri else Path(uri)
+            if path is None or not path.is_dir():
+                self.notify("warning", f"workspace folder {uri} is not a local directory; not indexed")
+                continue
+            f = _Folder(path.resolve())
+            self.folders[f.key] = f
+            self._tasks.put(("index", f.key))
+
+    def buffer_changed(self, uri: str, text) -> None:
+        with self._live_lock:
+            self._live[uri] = text
+            queued = uri in self._dirty
+            self._dirty.add(uri)
+        if not queued:              # coalesce: the task reads the latest text when it runs
+            self._tasks.put(("live", uri))
+
+    def buffer_closed(self, uri: str) -> None:
+        self._tasks.put(("close", uri))
+
+    def file_saved(self, uri: str) -> None:
+        path = uri_to_path(uri)
+        if path is not None:
+            self._tasks.put(("paths", [path]))
+
+    def reconfigure(self, changed: set[str]) -> None:
+        for key in list(self.folders):
+            self._tasks.put(("index", key))
+
+    def close(self) -> None:
+        self._closed = True
+        self._tasks.put(("stop", None))
+        for f in self.folders.values():
+            self._stop_watch(f)
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Block until every queued task ran (the one-shot CLI and tests)."""
+        done = threading.Event()
+        self._tasks.put(("mark", done))
+        return done.wait(timeout)
+
+    # -- queries (any thread) ---------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        folders = []
+        for f in list(self.folders.values()):
+            folders.append({"folder": str(f.root), "state": f.state, "error": f.error,
+                            "datastore": str(f.store_dir) if f.store_dir else None, "indexed_s": f.indexed_s,
+                            "file_updates": f.updates, "live_updates": f.live_updates,
+                            "watching": f.watcher is not None, **f.detail})
+        store_stats = {}
+        for key in self.service.repository.keys():
+            st = self.service.repository.get(key)
+            fn = getattr(st, "stats", None)
+            if callable(fn):
+                try:
+                    store_stats[key] = fn()
+                except Exception as exc:  # noqa: BLE001
+                    store_stats[key] = {"error": str(exc)}
+        return {"folders": folders, "stores": store_stats, "open_buffers": len(self._live)}
+
+    def drafts(self, text: str, max_len: int = 10) -> dict:
+        """What the workspace datastores propose after `text` (decoded), for debugging and tests."""
+        backend = self.service.worker.backend
+        if backend is None:
+            raise RuntimeError("the model (and its tokenizer) is not loaded")
+        ids = backend.encode(text)
+        r = self.service.repository.search(ids, max_len=max_len)
+        return {"match_len": r.match_len, "count": r.count,
+                "continuations": [{"text": backend.decode(c.tokens), "count": c.count, "weight": c.weight}
+                                  for c in r.continuations[:50]]}
+
+    # -- the indexing thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            kind, arg = self._tasks.get()
+            if kind == "stop":
+                return
+            try:
+                if kind == "mark":
+                    arg.set()
+                elif kind == "index":
+                    self._index(self.folders[arg])
+                elif kind == "live":
+                    self._feed_live(arg)
+                elif kind == "close":
+                    self._drop_live(arg)
+                elif kind == "paths":
+                    self._update_paths(arg)
+            except Exception as exc:  # noqa: BLE001 - the index thread must survive anything
+                log.exception("indexing task %s failed", kind)
+                self.notify("error", f"indexing ({kind}) failed: {type(exc).__name__}: {exc}")
+
+    def _tokenizer_spec(self) -> tuple[Any, str | None]:
+        self.service.worker.wait_loaded()
+        backend = self.service.worker.backend
+        if backend is None:
+            raise RuntimeError(f"no model, so no tokenizer: {self.service.worker.error}")
+        return backend, backend.tokenizer_spec()
+
+    def _folder_of(self, path: Path) -> _Folder | None:
+        for f in self.folders.values():
+            try:
+                path.resolve().relative_to(f.root)
+                return f
+            except ValueError:
+                continue
+        return None
+
+    def _index(self, f: _Folder) -> None:
+        cfg = self.service.config
+        self._stop_watch(f)
+        if not cfg.index_workspace:
+            f.state = "disabled"
+            self.service.repository.set(f.key, None)
+            return
+        try:
+            backend, tok = self._tokenizer_spec()
+        except RuntimeError as exc:
+            f.state, f.error = "failed", str(exc)
+            return
+        cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+        f.store_dir = workspace_store_dir(cache, f.root)
+        f.state, f.error = "indexing", None
+        token = self.progress.begin("rest-lsp: indexing", str(f.root)) if self.progress else None
+        t0 = time.perf_counter()
+        try:
+            from . import indexing
+            store, detail = indexing.open_or_build(
+                f.root, f.store_dir, tokenizer=tok, exclude=cfg.exclude,
+                progress=lambda msg, pct=None: self.progress and self.progress.report(token, msg, pct))
+        except Exception as exc:  # noqa: BLE001 - an unwritable cache or a broken store: serve without it
+            f.state, f.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.notify("warning", f"workspace {f.root} not indexed ({f.error}); completions go on "
+                                   "without its datastore")
+            if self.progress:
+                self.progress.end(token, f"failed: {f.error}")
+            return
+        f.detail, f.indexed_s = detail, round(time.perf_counter() - t0, 2)
+        self.service.repository.set(f.key, store)
+        f.state = "ready"
+        if self.progress:
+            self.progress.end(token, f"indexed in {f.indexed_s:.1f} s")
+        self.notify("info", f"workspace {f.root} indexed in {f.indexed_s:.1f} s ({detail})")
+        with self._live_lock:
+            uris = list(self._live)
+        for uri in uris:          # buffers opened before the index existed move to its live shard
+            self._feed_live(uri)
+        try:
+            from . import indexing
+            f.watcher = indexing.watch(f.root, cfg.exclude, lambda paths: self._tasks.put(("paths", paths)))
+        except Exception as exc:  # noqa: BLE001
+            self.notify("warning", f"not watching {f.root}: {type(exc).__name__}: {exc}")
+
+    def _stop_watch(self, f: _Folder) -> None:
+        w, f.watcher = f.watcher, None
+        if w is not None:
+            try:
+                w.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping the watcher of %s", f.root)
+
+    def _feed_live(self, uri: str) -> None:
+        with self._live_lock:
+            self._dirty.discard(uri)
+            text = self._live.get(uri)
+        if text is None:
+            return
+        if callable(text):
+            text = text()
+        cfg = self.service.config
+        if len(text) > cfg.max_live_bytes:
+            self.notify("info", f"{uri}: {len(text)} characters, larger than max_live_bytes; not fed to drafts")
+            return
+        self.service.worker.wait_loaded()
+        backend = self.service.worker.backend
+        if backend is None:
+            return          # no model: nothing to tokenise with
+        ids = backend.encode(text)
+        path = uri_to_path(uri)
+        folder = self._folder_of(path) if path is not None else None
+        if folder is not None and folder.state == "ready" and \
+                self.service.repository.call(folder.key, "set_live", uri, ids):
+            folder.live_updates += 1
+        else:
+            import numpy as np
+            ctx = backend.context   # copy-on-write: the inference thread may be iterating the old dict
+            ctx.buffers = {**ctx.buffers, uri: np.asarray(ids, dtype=np.int64)}
+
+    def _drop_live(self, uri: str) -> None:
+        with self._live_lock:
+            self._live.pop(uri, None)
+            self._dirty.discard(uri)
+        for f in self.folders.values():
+            if f.state == "ready":
+                self.service.repository.call(f.key, "drop_live", uri)
+        backend = self.service.worker.backend
+        if backend is not None and uri in backend.context.buffers:
+            backend.context.buffers = {k: v for k, v in backend.context.buffers.items() if k != uri}
+
+    def _update_paths(self, paths: list[Path]) -> None:
+        by_folder: dict[str, list[Path]] = {}
+        for p in paths:
+            f = self._folder_of(Path(p))
+            if f is not None and f.state == "ready":
+                by_folder.setdefault(f.key, []).append(Path(p))
+        for key, ps in by_folder.items():
+            if self.service.repository.call(key, "update_paths", ps):
+                self.folders[key].updates += len(ps)
