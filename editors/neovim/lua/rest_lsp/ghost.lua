@@ -365,6 +365,10 @@ function M.attach(bufnr, client_id)
       M.detach(bufnr)
     end,
   })
+  -- The server became ready while the user was already typing here: ask now rather than at the next key.
+  if api.nvim_get_current_buf() == bufnr and api.nvim_get_mode().mode:match('^i') then
+    schedule(bufnr)
+  end
 end
 
 function M.detach(bufnr)
