@@ -238,6 +238,8 @@ class Shard:
     alpha: np.ndarray | None = None  # sorted ids when tokens are stored as 2-byte ranks into it
 
     def __post_init__(self):
+        if self.alpha is not None:
+            self.alpha = np.asarray(self.alpha, dtype=np.int64)
         self.n = int(self.tok.shape[0])
         if self.sa.size:
             code = "i" if self.sa.dtype.itemsize == 4 else "q"
@@ -280,7 +282,7 @@ class Shard:
         fa = meta["files"].get("alpha")
         if fa is not None:
             mm_a, off_a, dt_a, n_a = _open_npy(directory / fa["name"], fa, sid, True)
-            alpha = np.frombuffer(mm_a, dtype=dt_a, count=n_a, offset=off_a).astype(np.int64)
+            alpha = np.frombuffer(mm_a, dtype=dt_a, count=n_a, offset=off_a)
             names += (fa["name"],)
         elif tw != width:
             raise CorruptShard(sid, ft["name"], "ranked tokens without an alphabet")

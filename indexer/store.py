@@ -206,10 +206,11 @@ class Datastore:
 
     # ---- search ----------------------------------------------------------------------------------
     def search(self, context: Sequence[int], *, n_max: int = 16, n_min: int = 2, k: int = 5000,
-               max_len: int = 10) -> SearchResult:
+               max_len: int = 10, limit: int | None = None) -> SearchResult:
         """Longest suffix of `context` (n_max down to n_min tokens) that occurs in any shard, and up to
         k of its occurrences' continuations (up to max_len tokens, never past a document's end), spread
-        evenly over the whole match range of each shard, merged with each shard's weight."""
+        evenly over the whole match range of each shard, merged with each shard's weight. `limit`: return
+        only that many continuations, the heaviest (saves building the objects of the long tail)."""
         if self._auto_refresh:
             now = time.monotonic()
             if now >= self._next_refresh:
@@ -257,35 +258,32 @@ class Datastore:
                 total += c
         if k <= 0 or max_len <= 0:
             return SearchResult(best, total, [])
-        parts = []
+        rows_l, cnt_l, wts_l = [], [], []
+        cols = np.arange(max_len)[None, :]
         for sh, c, lo, hi in info:
             quota = (hi - lo) if total <= k else max(1, round(k * c / total))
             pos = sh.sample(lo, hi, quota)
-            uniq, lengths, counts = sh.continuations(pos, best, max_len)
-            parts.append((sh.weight, uniq, lengths, counts))
-        if len(parts) == 1:
-            wt, uniq, lengths, counts = parts[0]
-            keep = lengths > 0
+            uniq, lengths, counts = sh.continuations(pos, best, max_len)  # [u, max_len], [u], [u]
+            keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
             uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
-            order = np.argsort(-counts, kind="stable")  # rows are in token order already: ties by tokens
-            rows = uniq[order].tolist()
-            conts = [make_continuation(tuple(r[:ln]), c, c * wt) for r, ln, c in
-                     zip(rows, lengths[order].tolist(), counts[order].tolist())]
-            return SearchResult(best, total, conts)
-        acc: dict[tuple, list] = {}
-        for wt, uniq, lengths, counts in parts:
-            for r, ln, c in zip(uniq.tolist(), lengths.tolist(), counts.tolist()):
-                if ln <= 0:
-                    continue
-                t = tuple(r[:ln])
-                a = acc.get(t)
-                if a is None:
-                    acc[t] = [c, c * wt]
-                else:
-                    a[0] += c
-                    a[1] += c * wt
-        conts = [make_continuation(t, c, wv) for t, (c, wv) in acc.items()]
-        conts.sort(key=lambda x: (-x.weight, -x.count, x.tokens))
+            uniq[cols >= lengths[:, None]] = -1  # one padding for every shard: shorter sorts first
+            rows_l.append(uniq)
+            cnt_l.append(counts)
+            wts_l.append(counts * sh.weight)
+        if len(rows_l) == 1:  # distinct already
+            rows, counts, weights = rows_l[0], cnt_l[0], wts_l[0]
+        else:  # the same continuation from several shards: one entry, counts and weights summed
+            rows, inv = np.unique(np.concatenate(rows_l), axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            counts = np.bincount(inv, weights=np.concatenate(cnt_l), minlength=len(rows)).astype(np.int64)
+            weights = np.bincount(inv, weights=np.concatenate(wts_l), minlength=len(rows))
+        # heaviest first, then most frequent, then by tokens
+        order = np.lexsort(tuple(rows[:, j] for j in range(max_len - 1, -1, -1)) + (-counts, -weights))
+        if limit is not None:
+            order = order[:max(0, limit)]
+        lengths = (rows[order] >= 0).sum(axis=1).tolist()
+        conts = [make_continuation(tuple(r[:ln]), c, w) for r, ln, c, w in
+                 zip(rows[order].tolist(), lengths, counts[order].tolist(), weights[order].tolist())]
         return SearchResult(best, total, conts)
 
     # ---- live shards -----------------------------------------------------------------------------

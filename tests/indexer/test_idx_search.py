@@ -73,8 +73,9 @@ def test_shards_merge_with_weights(docs, ctx, kinds, wts):
     assert _as_counter(r) == dict(counts)
     for c in r.continuations:
         assert c.weight == pytest.approx(wsum[c.tokens])
-    ws = [(c.weight, c.count) for c in r.continuations]
-    assert ws == sorted(ws, key=lambda x: (-x[0], -x[1]))  # heaviest first
+    keys = [(-c.weight, -c.count, c.tokens) for c in r.continuations]
+    assert keys == sorted(keys)  # heaviest first, then most frequent, then by tokens
+    assert ds.search(ctx, k=10**6, limit=3).continuations == r.continuations[:3]
 
 
 @settings(max_examples=60, deadline=None)
