@@ -345,11 +345,13 @@ class Datastore:
             raise IndexerError("this datastore has no directory (Datastore.memory): nothing to update")
 
     def _reload_locked(self) -> None:
-        """Under the writer lock: pick up another writer's manifest before changing anything."""
+        """Under the writer lock: pick up another writer's manifest before changing anything, and delete
+        what a writer that died left behind (nothing else can be writing now)."""
         sig = manifest_signature(self.path)
         if sig != self._sig:
             self._load_from_manifest(read_manifest(self.path), verify=False)
             self._sig = sig
+        remove_unreferenced(self.path, {f["name"] for s in self._manifest["shards"] for f in s["files"].values()})
 
     def _next_id(self, m: dict) -> str:
         n = int(m.get("next_shard", 0))

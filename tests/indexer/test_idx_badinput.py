@@ -201,3 +201,43 @@ def test_symlink_loops_and_links_out_of_the_root(tmp_path, bpe_tok_path):
     assert rep["skipped"]["symlink_inside_root"] == 1
     assert list(ds.documents) == [str(tmp_path / "r" / "pkg" / "a.py")]
     assert not any("leak" in p for p in ds.documents)
+
+
+def test_killing_a_writer_mid_update_then_sync_gives_a_correct_store(tmp_path, bpe_tok_path):
+    rng = random.Random(5)
+    lines = source_lines()
+    repo = tmp_path / "r"
+    write_files(repo, {f"f{i}.py": random_file(rng, lines) for i in range(20)})
+    ds_dir = tmp_path / "ds"
+    Datastore.build([repo], ds_dir, tokenizer=bpe_tok_path)
+    script = f"""
+import random, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from idx_helpers import random_file, source_lines
+from indexer.store import Datastore
+import indexer.store as store
+store.LEVEL_BASE_TOKENS = 256  # merge often
+ds = Datastore.open({str(ds_dir)!r})
+rng, lines = random.Random(), source_lines()
+files = sorted(Path({str(repo)!r}).glob("*.py"))
+print("ready", flush=True)
+while True:
+    p = rng.choice(files)
+    p.write_text(random_file(rng, lines))
+    ds.update_paths([p])
+"""
+    for i in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(rng.uniform(0.05, 1.5))
+        proc.kill()
+        proc.wait()
+        ds = Datastore.open(ds_dir)  # every shard it names is intact
+        assert ds.verify() == []
+    ds.sync()  # files the dead writer changed but did not index yet
+    texts = [p.read_text() for p in sorted(repo.glob("*.py"))]
+    ctxs = contexts_from(ds.tokenizer, texts, rng, n=40)
+    fresh = Datastore.build([repo], tmp_path / "fresh", tokenizer=bpe_tok_path)
+    assert results(ds, ctxs) == results(fresh, ctxs)
+    assert not list((ds_dir).glob("**/.tmp-*"))  # the next writer removed what the dead one left
