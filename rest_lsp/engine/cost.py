@@ -103,7 +103,8 @@ def cache_dir() -> Path:
 
 def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     threads = torch.get_num_threads()
-    raw = f"{name}-{precision}-{device}-{type(verifier).__name__}-t{threads}-torch{torch.__version__}"
+    kind = type(verifier).__name__ + ("-compiled" if getattr(verifier, "compiled", False) else "")
+    raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}"
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)
 
 

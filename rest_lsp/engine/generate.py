@@ -12,6 +12,7 @@ Greedy output is token-for-token what plain greedy decoding gives; with no draft
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,7 +86,9 @@ class Engine:
         self.max_draft_nodes = max_draft_nodes
         self.draft_len = draft_len
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else self._default_eos())
-        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        limits = [getattr(self.model.config, "max_position_embeddings", None), getattr(self.verifier, "max_len", None)]
+        self.max_positions: int | None = min((int(x) for x in limits if x), default=None)
+        self._rows_kw = "rows" in inspect.signature(self.verifier.forward).parameters
         self._cached: list[int] = []  # tokens whose keys/values the verifier holds
         self._lock = threading.Lock()
 
@@ -112,8 +115,8 @@ class Engine:
                 source.begin(prompt)
 
         reused = self._reuse_prefix(prompt)
-        logits = self._forward_chain(prompt[reused:])  # [n, V]
-        out = [self._pick(logits[-1], config, rng)]  # out[-1] is pending: decided, not yet in the cache
+        logits = self._prefill(prompt[reused:])  # [V], the last prompt position
+        out = [self._pick(logits, config, rng)]  # out[-1] is pending: decided, not yet in the cache
         prefill_s = time.perf_counter() - start
         stops = StopChecker(config, self.tokenizer, self.eos_token_ids, start)
         res = GenerationResult([], "", "", 1, [1], prefill_s, 0.0, [], [], prompt_tokens=len(prompt),
@@ -170,14 +173,15 @@ class Engine:
         self._cached = prompt[:n]
         return n
 
-    def _forward_chain(self, tokens: list[int]) -> torch.Tensor:
+    def _prefill(self, tokens: list[int]) -> torch.Tensor:
+        """Append the prompt's uncached tokens to the cache; logits [V] after the last one."""
         q = len(tokens)
         device = self.verifier_device
-        return self.verifier.forward(
-            torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.arange(q, device=device),
-            chain_mask(q, device),
-        )
+        args = (torch.tensor(tokens, dtype=torch.long, device=device), torch.arange(q, device=device),
+                chain_mask(q, device))
+        if self._rows_kw:
+            return self.verifier.forward(*args, rows=[q - 1])[-1]
+        return self.verifier.forward(*args)[-1]
 
     def _draft(self, context: list[int], config: GenerationConfig) -> DraftTree:
         """Root (the pending token) plus the draft nodes worth verifying."""

@@ -82,7 +82,9 @@ class _MatchingSource:
         found: list[tuple[int, tuple[int, ...]]] = []
         for text, is_context in self._texts(np.asarray(context, dtype=np.int64)):
             for n, end in suffix_matches(text, query, self.n_max, max_len, self.max_matches, is_context):
-                found.append((n, tuple(int(t) for t in text[end + 1 : end + 1 + max_len])))
+                cont = text[end + 1 : end + 1 + max_len]
+                stop = np.flatnonzero(cont < 0)  # a separator (HistorySource): never run into the next text
+                found.append((n, tuple(int(t) for t in cont[: stop[0] if len(stop) else len(cont)])))
         found.sort(key=lambda f: -f[0])
         found = found[: self.max_matches]
         self.last_match_len = found[0][0] if found else 0

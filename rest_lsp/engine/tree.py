@@ -42,15 +42,15 @@ class DraftTree:
     def tensors(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens [q] int64, depths [q] int64, tree mask [q, q] bool (row i sees its ancestors and itself)."""
         q = len(self.tokens)
-        mask = torch.zeros(q, q, dtype=torch.bool)
+        rows: list[list[bool]] = []
         for i, p in enumerate(self.parents):
-            mask[i, i] = True
-            if p >= 0:
-                mask[i] |= mask[p]  # parents come first, so the parent's row is complete
+            row = list(rows[p]) if p >= 0 else [False] * q  # parents come first: the parent's row is complete
+            row[i] = True
+            rows.append(row)
         return (
             torch.tensor(self.tokens, dtype=torch.long, device=device),
             torch.tensor(self.depths, dtype=torch.long, device=device),
-            mask.to(device),
+            torch.tensor(rows, dtype=torch.bool, device=device),
         )
 
 

@@ -62,7 +62,10 @@ class HFVerifier:
         self._last_q = 0
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
+                rows: Sequence[int] | None = None) -> torch.Tensor:
+        """As the protocol; rows= (optional, as in FastVerifier) returns logits for those rows only, which
+        skips most of the output projection (a prefill needs only its last row)."""
         q = tokens.shape[0]
         past = self.past_len
         # mask [1, 1, q, past + q]: every row sees the whole cache, then its ancestors and itself
@@ -77,6 +80,7 @@ class HFVerifier:
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
+            logits_to_keep=0 if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=self.device),
         )
         self.past_len = past + q
         self._last_q = q

@@ -1,0 +1,93 @@
+"""Trie mixing, node ranking, flattening, greedy acceptance, the cost-based draft size."""
+import json
+
+import pytest
+import torch
+
+from rest_lsp.engine.cost import CostModel, best_size, load_or_measure, measure_cost
+from rest_lsp.engine.tree import DraftTree, accept_greedy, flatten, rank_nodes
+from rest_lsp.engine.trie import match_strength, mix
+from rest_lsp.engine.verifier import HFVerifier
+
+from ._models import tiny_model
+
+
+def test_mix_normalises_within_each_source_then_applies_shares():
+    corpus = [((1, 2), 5000.0), ((3,), 5000.0)]  # raw counts in the thousands
+    context = [((4, 5, 6), 1.0)]
+    trie = mix(9, [("corpus", 0.5, 1.0, corpus), ("context", 0.5, 1.0, context)])
+    kids = trie.nodes[0].children
+    mass = {tok: trie.nodes[i].mass for tok, i in kids.items()}
+    assert mass == pytest.approx({1: 0.25, 3: 0.25, 4: 0.5})
+    assert trie.nodes[0].mass == pytest.approx(1.0)
+    # a source with nothing leaves its share unclaimed: estimates stay below certainty
+    alone = mix(9, [("corpus", 0.5, 1.0, []), ("context", 0.5, 1.0, context)])
+    assert alone.nodes[alone.nodes[0].children[4]].mass == pytest.approx(0.5)
+
+
+def test_longer_matches_are_trusted_more():
+    assert match_strength(0) == 0.0
+    assert match_strength(1) < match_strength(2) < match_strength(8) < 1.0
+    assert match_strength(None) == 1.0
+    weak = mix(0, [("a", 1.0, match_strength(1), [((7,), 1.0)])])
+    strong = mix(0, [("a", 1.0, match_strength(6), [((7,), 1.0)])])
+    assert weak.nodes[1].mass < strong.nodes[1].mass
+
+
+def test_rank_nodes_is_best_first_and_connected():
+    trie = mix(0, [("s", 1.0, 1.0, [((1, 2, 3), 0.6), ((1, 4), 0.3), ((5, 6), 0.1)])])
+    order = rank_nodes(trie, 10)
+    masses = [trie.nodes[n].mass for n in order]
+    assert [trie.nodes[n].token for n in order][:3] == [1, 2, 3]
+    assert len(order) == 6
+    seen = {0}
+    for n in order:
+        assert trie.nodes[n].parent in seen  # every prefix of the ranking is a tree
+        seen.add(n)
+    assert max(masses[3:]) <= masses[0]
+    assert len(rank_nodes(trie, 2)) == 2
+
+
+def test_flatten_builds_ancestor_mask_and_depths():
+    trie = mix(0, [("s", 1.0, 1.0, [((1, 2), 0.6), ((3, 4), 0.4)])])
+    tree = flatten(trie, rank_nodes(trie, 10))
+    tokens, depths, mask = tree.tensors()
+    assert tokens.tolist()[0] == 0 and sorted(tokens.tolist()[1:]) == [1, 2, 3, 4]
+    for i, p in enumerate(tree.parents):
+        expected = {i}
+        while p >= 0:
+            expected.add(p)
+            p = tree.parents[p]
+        assert set(torch.nonzero(mask[i]).flatten().tolist()) == expected
+        assert depths[i] == len(expected) - 1
+    assert tree.sources[1:] == ["s"] * 4
+
+
+def test_accept_greedy_walks_the_matching_path():
+    # root 0 -> a(5) -> b(6); root -> c(7)
+    tree = DraftTree([0, 5, 7, 6], [-1, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.5, 0.4, 0.5], ["", "s", "s", "s"])
+    assert accept_greedy(tree, [5, 6, 9, 8]) == ([0, 1, 3], 8)
+    assert accept_greedy(tree, [7, 0, 3, 0]) == ([0, 2], 3)
+    assert accept_greedy(tree, [9, 0, 0, 0]) == ([0], 9)
+
+
+def test_best_size_stops_where_cost_outgrows_acceptance():
+    flat = CostModel([1, 64], [10.0, 10.0])
+    assert best_size([0.9, 0.5, 0.1, 0.01], flat) == 4  # a flat cost takes every node with any chance
+    cpu = CostModel([1, 2, 4, 8], [100.0, 140.0, 250.0, 280.0])  # c(2)/c(1) = 1.4
+    assert best_size([0.3, 0.1], cpu) == 0  # 1.3 tokens for 1.4x the cost: a loss
+    assert best_size([0.9, 0.8, 0.05], cpu) == 2
+    assert best_size([], cpu) == 0
+    assert cpu(3) == pytest.approx(195.0) and cpu(16) == pytest.approx(280.0 + 7.5 * 8)
+
+
+def test_measure_and_cache_cost(tmp_path):
+    model = tiny_model("qwen2", 0)
+    v = HFVerifier(model)
+    cost = measure_cost(v, model.config.vocab_size, qs=(1, 4), past=16, repeats=1)
+    assert cost.qs == [1, 4] and all(m > 0 for m in cost.ms) and v.past_len == 0
+    first = load_or_measure(v, model.config.vocab_size, "k", tmp_path, qs=(1, 2), past=8, repeats=1)
+    stored = json.loads((tmp_path / "k.json").read_text())
+    assert stored["qs"] == [1, 2]
+    again = load_or_measure(v, model.config.vocab_size, "k", tmp_path, qs=(1, 2, 3))  # read, not measured
+    assert again == first

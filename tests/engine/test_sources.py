@@ -1,0 +1,115 @@
+"""Draft sources: suffix matching, context and open buffers, history, the datastore wrapper, recycling."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from rest_lsp.engine import ContextSource, DatastoreSource, Engine, GenerationConfig, HistorySource, RecyclingSource
+from rest_lsp.engine.sources import suffix_matches
+
+from ._models import plain_greedy, random_prompt, tiny_model
+
+
+def test_suffix_matches_longest_then_latest():
+    text = np.array([1, 2, 3, 9, 2, 3, 8, 7, 3, 5, 2, 3])
+    found = suffix_matches(text, np.array([1, 2, 3]), n_max=8, max_len=4, limit=10, exclude_end=False)
+    assert found[0] == (3, 2)  # "1 2 3" at 0..2
+    assert found[1] == (2, 5)  # "2 3" at 4..5
+    assert (1, 8) in found
+    # the context searched in itself: its own end is no match
+    ctx = suffix_matches(text, text[-2:], 8, 4, 10, exclude_end=True)
+    assert all(end < len(text) - 1 for _, end in ctx)
+
+
+def test_context_source_prefers_long_matches_and_reads_buffers():
+    src = ContextSource(n_max=8)
+    ctx = [5, 1, 2, 3, 40, 41, 9, 3, 50, 7, 1, 2, 3]
+    props = dict(src.propose(ctx, 3))
+    assert props[(40, 41, 9)] > props[(50, 7, 1)]  # "1 2 3" beats "3"
+    assert src.last_match_len == 3
+    src.set_buffer("b.py", [0, 7, 1, 2, 3, 60, 61])
+    props = dict(src.propose(ctx, 2))
+    assert props[(60, 61)] > props[(40, 41)]  # the buffer matches "7 1 2 3", the context only "1 2 3"
+    assert src.last_match_len == 4
+    src.drop_buffer("b.py")
+    assert (60, 61) not in dict(src.propose(ctx, 2))
+    assert src.propose([1], 4) == [] and src.last_match_len == 0
+
+
+def test_history_source_remembers_earlier_generations():
+    src = HistorySource()
+    src.begin([0])
+    src.observe([10, 11, 12, 13, 14])
+    src.begin([0])
+    src.observe([20, 21])
+    assert dict(src.propose([99, 11, 12], 2)) == {(13, 14): 4.0}
+    assert src.propose([14], 3) == []  # a generation's end never runs into the next one
+
+
+@dataclass(frozen=True)
+class Continuation:
+    tokens: tuple
+    count: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    match_len: int
+    count: int
+    continuations: list
+
+
+class FakeDatastore:
+    """The shape of indexer's Datastore.search: the longest matching suffix, continuations heaviest first."""
+
+    def __init__(self, corpus):
+        self.corpus = corpus
+        self.calls = []
+
+    def search(self, context, *, n_max=16, n_min=2, k=5000, max_len=10):
+        self.calls.append((n_max, n_min, k, max_len))
+        text = np.array(self.corpus)
+        for n in range(min(n_max, len(context)), n_min - 1, -1):
+            found = {}
+            for _, end in suffix_matches(text, np.array(context[-n:]), n, max_len, k):
+                if _ >= n:
+                    cont = tuple(self.corpus[end + 1 : end + 1 + max_len])
+                    found[cont] = found.get(cont, 0) + 1
+            if found:
+                conts = [Continuation(c, m, float(m)) for c, m in sorted(found.items(), key=lambda x: -x[1])]
+                return SearchResult(n, sum(found.values()), conts)
+        return SearchResult(0, 0, [])
+
+
+def test_datastore_source_wraps_search():
+    store = FakeDatastore([1, 2, 3, 4, 5, 9, 2, 3, 4, 6])
+    src = DatastoreSource(store, name="repo", n_max=8, k=100)
+    props = src.propose([7, 2, 3], 2)
+    assert dict(props) == {(4, 5): 1.0, (4, 6): 1.0}
+    assert src.last_match_len == 2 and store.calls[-1] == (8, 2, 100, 2)
+    assert src.propose([42, 43], 2) == [] and src.last_match_len == 0
+
+
+def test_datastore_drafts_are_accepted_and_output_stays_exact():
+    model = tiny_model("llama", 1)
+    base = random_prompt(11, 12)
+    ref = plain_greedy(model, base, 50)
+    store = FakeDatastore(random_prompt(12, 50) + base + ref + random_prompt(13, 50))  # the corpus holds the answer
+    engine = Engine(model, [(DatastoreSource(store), 0.6), (ContextSource(), 0.4)], eos_token_ids=[])
+    res = engine.generate(base, GenerationConfig(max_new_tokens=40, draft_budget=8))
+    assert res.tokens == ref[:40]
+    assert res.accepted_sources.get("corpus", 0) > 20 and res.steps < 15
+    assert len(res.retrieval_ms) == res.steps - 1
+
+
+def test_recycling_source_learns_from_forwards():
+    src = RecyclingSource(k=3, depth=2, branching=(2, 1))
+    assert src.propose([5], 4) == []
+    src.observe_forward([5, 6, 8], [[6, 7, 1], [8, 2, 3], [9, 9, 9]])
+    props = dict(src.propose([1, 5], 4))
+    assert props == {(6, 8): 1.0, (7,): 0.5}
+    model = tiny_model("qwen2", 2)
+    prompt = random_prompt(2, 10)
+    engine = Engine(model, [(RecyclingSource(), 1.0)], eos_token_ids=[])
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=40, draft_budget=6))
+    assert res.tokens == plain_greedy(model, prompt, 40)
