@@ -114,6 +114,43 @@ def heldout_contexts(tok, n: int = 400, ctx_len: int = 64) -> list[list[int]]:
     return [ids[max(0, p - ctx_len):p] for p in (rng.randrange(ctx_len, len(ids)) for _ in range(n))]
 
 
+def bench_queries(out: Path, ctxs) -> dict:
+    """Open a store and time lookups: wall time, and this thread's CPU time (which leaves out the time
+    spent waiting for a core on a loaded machine)."""
+    import gc
+
+    gc.collect()
+    rss0 = rss_mb()
+    t = time.perf_counter()
+    ds = Datastore.open(out, auto_refresh=False)
+    open_s = time.perf_counter() - t
+    rss1 = rss_mb()
+    match_ms, full_ms, lens, match_cpu, full_cpu = [], [], [], [], []
+    for c in ctxs[:50]:
+        ds.search(c)  # warm the pages a real session would have touched
+    for c in ctxs:
+        t, tc = time.perf_counter(), time.thread_time()
+        r = ds.search(c, k=0)
+        match_ms.append((time.perf_counter() - t) * 1e3)
+        match_cpu.append((time.thread_time() - tc) * 1e3)
+        lens.append(r.match_len)
+        t, tc = time.perf_counter(), time.thread_time()
+        ds.search(c)
+        full_ms.append((time.perf_counter() - t) * 1e3)
+        full_cpu.append((time.thread_time() - tc) * 1e3)
+    st = ds.stats()
+    return {
+        "tokens": st["tokens"],
+        "match_p50_ms": round(pct(match_ms, 50), 3), "match_p99_ms": round(pct(match_ms, 99), 3),
+        "search_k5000_p50_ms": round(pct(full_ms, 50), 3), "search_k5000_p99_ms": round(pct(full_ms, 99), 3),
+        "match_cpu_p50_ms": round(pct(match_cpu, 50), 3), "match_cpu_p99_ms": round(pct(match_cpu, 99), 3),
+        "search_k5000_cpu_p50_ms": round(pct(full_cpu, 50), 3), "search_k5000_cpu_p99_ms": round(pct(full_cpu, 99), 3),
+        "mean_match_len": round(float(np.mean(lens)), 2), "bytes_per_token": st["bytes_per_token"],
+        "bytes_on_disk_mb": round(st["bytes_on_disk"] / 1e6, 1), "open_s": round(open_s, 2),
+        "rss_open_delta_mb": round(rss1 - rss0, 1), "rss_after_queries_mb": round(rss_mb() - rss0, 1),
+    }
+
+
 def bench_store(docs, n_tokens, width, vocab, out: Path, ctxs):
     sel, total = [], 0
     for d in docs:
@@ -138,39 +175,9 @@ def bench_store(docs, n_tokens, width, vocab, out: Path, ctxs):
                          "sentinel": 0, "roots": [], "filters": None, "next_shard": 1, "shards": [meta],
                          "docs": pack_docs(docs_m), "build_time_s": sort_s})
     del arr
-    import gc
-
-    gc.collect()
-    rss0 = rss_mb()
-    t = time.perf_counter()
-    ds = Datastore.open(out, auto_refresh=False)
-    open_s = time.perf_counter() - t
-    rss1 = rss_mb()
-    match_ms, full_ms, lens, match_cpu, full_cpu = [], [], [], [], []
-    for c in ctxs[:50]:
-        ds.search(c)  # warm the pages a real session would have touched
-    for c in ctxs:
-        # wall time, and this thread's CPU time (which leaves out waiting for a core on a loaded machine)
-        t, tc = time.perf_counter(), time.thread_time()
-        r = ds.search(c, k=0)
-        match_ms.append((time.perf_counter() - t) * 1e3)
-        match_cpu.append((time.thread_time() - tc) * 1e3)
-        lens.append(r.match_len)
-        t, tc = time.perf_counter(), time.thread_time()
-        ds.search(c)
-        full_ms.append((time.perf_counter() - t) * 1e3)
-        full_cpu.append((time.thread_time() - tc) * 1e3)
-    st = ds.stats()
-    return {
-        "tokens": total, "sort_s": round(sort_s, 2), "sort_tok_per_s": round(total / sort_s),
-        "match_p50_ms": round(pct(match_ms, 50), 3), "match_p99_ms": round(pct(match_ms, 99), 3),
-        "search_k5000_p50_ms": round(pct(full_ms, 50), 3), "search_k5000_p99_ms": round(pct(full_ms, 99), 3),
-        "match_cpu_p50_ms": round(pct(match_cpu, 50), 3), "match_cpu_p99_ms": round(pct(match_cpu, 99), 3),
-        "search_k5000_cpu_p50_ms": round(pct(full_cpu, 50), 3), "search_k5000_cpu_p99_ms": round(pct(full_cpu, 99), 3),
-        "mean_match_len": round(float(np.mean(lens)), 2), "bytes_per_token": st["bytes_per_token"],
-        "bytes_on_disk_mb": round(st["bytes_on_disk"] / 1e6, 1), "open_s": round(open_s, 2),
-        "rss_open_delta_mb": round(rss1 - rss0, 1), "rss_after_queries_mb": round(rss_mb() - rss0, 1),
-    }
+    r = bench_queries(out, ctxs)
+    r.update({"tokens": total, "sort_s": round(sort_s, 2), "sort_tok_per_s": round(total / sort_s)})
+    return r
 
 
 def bench_watch(tok_src, n_files: int, saves: int, work: Path):
@@ -231,10 +238,12 @@ def bench_live(tok) -> dict:
     ds = Datastore.memory(tok)
     arr = np.asarray(ids, dtype=np.int64)
     ts_list, ts_arr, q = [], [], []
+    cpu_list = []
     for _ in range(30):
-        t = time.perf_counter()
+        t, tc = time.perf_counter(), time.thread_time()
         ds.set_live("buf", ids)
         ts_list.append((time.perf_counter() - t) * 1e3)
+        cpu_list.append((time.thread_time() - tc) * 1e3)
         t = time.perf_counter()
         ds.set_live("buf", arr)
         ts_arr.append((time.perf_counter() - t) * 1e3)
@@ -245,7 +254,7 @@ def bench_live(tok) -> dict:
         ds.search(ids[p - 64:p])
         q.append((time.perf_counter() - t) * 1e3)
     return {"lines": len(lines), "tokens": len(ids), "set_live_list_p50_ms": round(pct(ts_list, 50), 2),
-            "set_live_list_p95_ms": round(pct(ts_list, 95), 2), "set_live_ndarray_p50_ms": round(pct(ts_arr, 50), 3),
+            "set_live_list_p95_ms": round(pct(ts_list, 95), 2), "set_live_list_cpu_p95_ms": round(pct(cpu_list, 95), 2), "set_live_ndarray_p50_ms": round(pct(ts_arr, 50), 3),
             "live_search_p50_ms": round(pct(q, 50), 3), "live_search_p99_ms": round(pct(q, 99), 3)}
 
 
@@ -263,6 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--work", default=str(ROOT / ".bench" / "indexer"))
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: build,watch,live")
+    ap.add_argument("--queries-only", action="store_true", help="time queries on the stores of an earlier run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     work = Path(args.work)
@@ -275,6 +285,15 @@ def main(argv=None) -> int:
     width = width_for_vocab(vocab)
     out = {"tokenizer": BENCH_FP["name"], "vocab_size": vocab, "width": width, "cpus": os.cpu_count()}
     print(f"tokenizer {BENCH_FP['name']} (vocab {vocab}, {width}-byte tokens), {os.cpu_count()} CPUs", flush=True)
+    if args.queries_only:  # the stores of an earlier run, timed again
+        ctxs = heldout_contexts(tok, args.queries)
+        for n in sizes:
+            r = bench_queries(work / f"store-{n}", ctxs)
+            print(f"{r['tokens']:>11,} tokens | match p50 {r['match_p50_ms']} p99 {r['match_p99_ms']} ms (CPU p50 "
+                  f"{r['match_cpu_p50_ms']} p99 {r['match_cpu_p99_ms']}) | k=5000 search p50 {r['search_k5000_p50_ms']} "
+                  f"p99 {r['search_k5000_p99_ms']} ms (CPU p50 {r['search_k5000_cpu_p50_ms']} p99 "
+                  f"{r['search_k5000_cpu_p99_ms']}) | RSS +{r['rss_open_delta_mb']} MB after open", flush=True)
+        skip |= {"build"}
     if "build" not in skip:
         docs, tok_s, marks = tokenize_corpus(tok, max(sizes), work / "cache")
         total = sum(d.size for d in docs)

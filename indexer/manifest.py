@@ -36,15 +36,16 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def pack_docs(docs: dict[str, Doc]) -> dict:
-    paths = list(docs)
+    """Columnar: one list per field (msgpack packs and unpacks lists of scalars fast)."""
+    ds = list(docs.values())
     return {
-        "path": paths,
-        "size": [docs[p].size for p in paths],
-        "mtime_ns": [docs[p].mtime_ns for p in paths],
-        "hash": [docs[p].hash for p in paths],
-        "shard": [docs[p].shard for p in paths],
-        "start": [docs[p].start for p in paths],
-        "end": [docs[p].end for p in paths],
+        "path": list(docs),
+        "size": [d.size for d in ds],
+        "mtime_ns": [d.mtime_ns for d in ds],
+        "hash": [d.hash for d in ds],
+        "shard": [d.shard for d in ds],
+        "start": [d.start for d in ds],
+        "end": [d.end for d in ds],
     }
 
 

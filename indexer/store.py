@@ -152,12 +152,12 @@ class Datastore:
         self.close()
 
     # ---- state -----------------------------------------------------------------------------------
-    def _install(self, manifest: dict, shards: list[Shard]) -> None:
+    def _install(self, manifest: dict, shards: list[Shard], docs: dict | None = None) -> None:
         with self._lock:
             self._manifest = manifest
             self.width = int(manifest["width"])
             self.sentinel = sentinel_for_width(self.width)
-            self._docs: dict[str, Doc] = unpack_docs(manifest["docs"])
+            self._docs: dict[str, Doc] = docs if docs is not None else unpack_docs(manifest["docs"])
             self._shards = shards
             self._rebuild_snapshot()
 
@@ -321,7 +321,7 @@ class Datastore:
         finally:
             self._lock.release()
 
-    def _load_from_manifest(self, m: dict, *, verify: bool) -> None:
+    def _load_from_manifest(self, m: dict, *, verify: bool, docs: dict | None = None) -> None:
         if self._manifest.get("tokenizer", {}).get("vocab_hash") != m["tokenizer"].get("vocab_hash") or \
                 m["width"] != self.width:
             self._tokenizer = None
@@ -337,7 +337,7 @@ class Datastore:
                 s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(meta["kind"], 1.0),
                                verify=verify)
             shards.append(s)
-        self._install(m, shards)
+        self._install(m, shards, docs)
 
     # ---- writing ---------------------------------------------------------------------------------
     def _require_dir(self):
@@ -511,7 +511,7 @@ class Datastore:
         m["docs"] = pack_docs(docs)
         m["generation"] = int(m.get("generation", 0)) + 1
         m["stats"] = _stats_of(docs)
-        self._commit(m)
+        self._commit(m, dict(docs))
         summary["searchable_s"] = time.perf_counter() - t0
         # merging comes after the update is searchable, as a commit of its own
         before = list(order)
@@ -521,7 +521,7 @@ class Datastore:
             m["shards"] = [metas[s] for s in order]
             m["docs"] = pack_docs(docs)
             m["generation"] = int(m.get("generation", 0)) + 1
-            self._commit(m)
+            self._commit(m, dict(docs))
             summary["merged"] = True
         summary["shards"] = len(order)
         summary["seconds"] = time.perf_counter() - t0
@@ -576,11 +576,11 @@ class Datastore:
         order.insert(pos, sid)
         metas[sid] = meta
 
-    def _commit(self, m: dict) -> None:
+    def _commit(self, m: dict, docs: dict | None = None) -> None:
         """Manifest last; then swap the in-memory view; then delete what nothing names any more."""
         write_manifest(self.path, m)
         self._sig = manifest_signature(self.path)
-        self._load_from_manifest(m, verify=False)
+        self._load_from_manifest(m, verify=False, docs=docs)
         keep = {f["name"] for s in m["shards"] for f in s["files"].values()}
         remove_unreferenced(self.path, keep)
 
