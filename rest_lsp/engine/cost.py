@@ -66,27 +66,55 @@ def best_size(probs: Sequence[float], cost: CostModel) -> int:
     return best_k
 
 
+@dataclass
+class Calibration:
+    """Scales the trie's acceptance estimates to what the model actually accepts.
+
+    The expected number of accepted draft tokens of a step is the sum of its nodes' acceptance chances, so
+    (accepted tokens) / (sum of estimates) over recent steps is the factor the estimates are off by.
+    Starts neutral (a prior of 2 tokens both ways), forgets slowly, and stays within [0.25, 2].
+    """
+
+    predicted: float = 2.0
+    actual: float = 2.0
+    decay: float = 0.97
+
+    def scale(self) -> float:
+        return min(2.0, max(0.25, self.actual / self.predicted))
+
+    def update(self, predicted: float, actual: int) -> None:
+        if predicted > 0:
+            self.predicted = self.predicted * self.decay + predicted
+            self.actual = self.actual * self.decay + actual
+
+
 @torch.inference_mode()
 def measure_cost(
-    verifier: Verifier, vocab_size: int, qs: Sequence[int] = DEFAULT_QS, past: int = 256, repeats: int = 3
+    verifier: Verifier, vocab_size: int, qs: Sequence[int] = DEFAULT_QS, past: int = 256, repeats: int = 2
 ) -> CostModel:
-    """Median time of a q-token forward after a `past`-token cache; leaves the verifier's cache empty."""
+    """c(q) after a `past`-token cache; leaves the verifier's cache empty.
+
+    Other processes only ever add time, so each q keeps its fastest run, the sizes are measured round-robin
+    (a burst of load spreads over all q instead of inflating one), and the curve is made non-decreasing
+    from the right (more tokens never cost less: a slow small q is load, not cost).
+    """
     gen = torch.Generator().manual_seed(0)
     verifier.truncate(0)
     verifier.forward(torch.randint(0, vocab_size, (past,), generator=gen), torch.arange(past), chain_mask(past))
-    ms = []
-    for q in qs:
-        tokens = torch.randint(0, vocab_size, (q,), generator=gen)
-        times = []
-        for r in range(repeats + 1):  # the first run warms up this shape
+    best = {q: float("inf") for q in qs}
+    for r in range(repeats + 1):  # round 0 warms every shape up
+        for q in qs:
+            tokens = torch.randint(0, vocab_size, (q,), generator=gen)
             t0 = time.perf_counter()
             logits = verifier.forward(tokens, torch.arange(q), chain_mask(q))
             float(logits[-1, 0])  # wait for the device
             if r:
-                times.append((time.perf_counter() - t0) * 1000)
+                best[q] = min(best[q], (time.perf_counter() - t0) * 1000)
             verifier.keep([])
-        ms.append(statistics.median(times))
     verifier.truncate(0)
+    ms = [best[q] for q in qs]
+    for i in range(len(ms) - 2, -1, -1):
+        ms[i] = min(ms[i], ms[i + 1])
     return CostModel(list(qs), ms)
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .cost import CostModel, best_size, cost_key, load_or_measure
+from .cost import Calibration, CostModel, best_size, cost_key, load_or_measure
 from .sources import DraftSource
 from .stops import StopChecker
 from .tree import DraftTree, accept_greedy, accept_sampled, flatten, rank_nodes, sampling_probs
@@ -83,6 +83,7 @@ class Engine:
         total = sum(share for _, share in sources) or 1.0
         self.sources: list[tuple[DraftSource, float]] = [(s, share / total) for s, share in sources]
         self.cost = cost
+        self.calibration = Calibration()  # learns how far the trie's estimates are off, across calls
         self.max_draft_nodes = max_draft_nodes
         self.draft_len = draft_len
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else self._default_eos())
@@ -195,7 +196,8 @@ class Engine:
         trie = mix(context[-1], proposals)
         order = rank_nodes(trie, budget)
         if config.draft_budget is None:
-            order = order[: best_size([min(1.0, trie.nodes[n].mass) for n in order], self._cost())]
+            scale = self.calibration.scale()
+            order = order[: best_size([min(1.0, trie.nodes[n].mass * scale) for n in order], self._cost())]
         return flatten(trie, order)
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, rng) -> tuple[list[int], int]:
@@ -217,6 +219,7 @@ class Engine:
         res.retrieval_ms.append(retrieval_ms)
         res.forward_ms.append(forward_ms)
         res.draft_sizes.append(len(tree) - 1)
+        self.calibration.update(sum(tree.probs[1:]), len(path) - 1)
         for i in path[1:]:
             res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
 

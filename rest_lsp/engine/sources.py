@@ -202,3 +202,22 @@ class RecyclingSource:
 
         expand((), 1.0, 0)
         return out
+
+
+DEFAULT_SHARES = {"context": 0.5, "history": 0.2, "corpus": 0.25, "recycle": 0.05}
+
+
+def default_sources(datastore=None, *, context: ContextSource | None = None, history: HistorySource | None = None,
+                    recycle: bool = True, shares: dict[str, float] | None = None) -> list[tuple[DraftSource, float]]:
+    """The sources and shares `rest` uses: the live context and open buffers first (the longest accepted runs
+    come from the current file and the model's own output, ../shared/NOTES.md), then this process's earlier
+    output, the datastore (corpus and repository shards), and the model's own recent top-k predictions.
+    Pass the ContextSource the daemon feeds open buffers into, and one HistorySource shared across engines."""
+    s = {**DEFAULT_SHARES, **(shares or {})}
+    out: list[tuple[DraftSource, float]] = [(context or ContextSource(), s["context"]),
+                                            (history or HistorySource(), s["history"])]
+    if datastore is not None:
+        out.append((DatastoreSource(datastore), s["corpus"]))
+    if recycle:
+        out.append((RecyclingSource(), s["recycle"]))
+    return [(src, share) for src, share in out if share > 0]

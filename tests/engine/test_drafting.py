@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from rest_lsp.engine.cost import CostModel, best_size, load_or_measure, measure_cost
+from rest_lsp.engine.cost import Calibration, CostModel, best_size, load_or_measure, measure_cost
 from rest_lsp.engine.tree import DraftTree, accept_greedy, flatten, rank_nodes
 from rest_lsp.engine.trie import match_strength, mix
 from rest_lsp.engine.verifier import HFVerifier
@@ -91,3 +91,64 @@ def test_measure_and_cache_cost(tmp_path):
     assert stored["qs"] == [1, 2]
     again = load_or_measure(v, model.config.vocab_size, "k", tmp_path, qs=(1, 2, 3))  # read, not measured
     assert again == first
+
+
+class SleepyVerifier:
+    """Costs 2 ms per token, plus one burst of load on the first measured q = 2 call."""
+
+    past_len = 0
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward(self, tokens, depths, tree_mask):
+        import time
+
+        q = len(tokens)
+        self.calls += 1
+        time.sleep(0.002 * q + (0.05 if q == 2 and self.calls == 5 else 0.0))
+        self.past_len += q
+        self._q = q
+        return torch.zeros(q, 4)
+
+    def keep(self, indices):
+        self.past_len -= self._q - len(indices)
+
+    def truncate(self, n):
+        self.past_len = min(self.past_len, n)
+
+
+def test_measured_cost_ignores_load_bursts_and_never_decreases():
+    cost = measure_cost(SleepyVerifier(), 4, qs=(1, 2, 4, 8), past=1, repeats=2)
+    assert all(a <= b for a, b in zip(cost.ms, cost.ms[1:]))
+    assert cost(2) < 20  # the 50 ms burst was not taken for the cost of q = 2
+    assert cost(8) > cost(1)
+
+
+def test_calibration_scales_estimates_toward_observed_acceptance():
+    cal = Calibration()
+    assert cal.scale() == 1.0
+    for _ in range(50):
+        cal.update(predicted=2.0, actual=0)  # the trie promised 2 tokens a step, the model took none
+    assert cal.scale() == 0.25
+    for _ in range(200):
+        cal.update(predicted=1.0, actual=1)
+    assert cal.scale() == pytest.approx(1.0, abs=0.05)
+
+
+def test_automatic_budget_follows_the_cost_curve():
+    from rest_lsp.engine import Engine, GenerationConfig
+
+    from ._models import ScriptedSource, plain_greedy, random_prompt
+
+    model = tiny_model("qwen2", 1)
+    prompt = random_prompt(21, 10)
+    ref = plain_greedy(model, prompt, 30)
+    steep = CostModel([1, 2, 64], [10.0, 40.0, 5000.0])  # a second token costs 4x: never worth it
+    flat = CostModel([1, 64], [10.0, 10.0])
+    for cost, drafts in ((steep, False), (flat, True)):
+        engine = Engine(model, [(ScriptedSource(prompt + ref, corrupt_at=4), 1.0)], cost=cost, eos_token_ids=[])
+        res = engine.generate(prompt, GenerationConfig(max_new_tokens=30))  # draft_budget None: automatic
+        assert res.tokens == ref
+        assert (max(res.draft_sizes) > 0) == drafts
+        assert (res.steps < 30) == drafts

@@ -113,3 +113,13 @@ def test_recycling_source_learns_from_forwards():
     engine = Engine(model, [(RecyclingSource(), 1.0)], eos_token_ids=[])
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=40, draft_budget=6))
     assert res.tokens == plain_greedy(model, prompt, 40)
+
+
+def test_default_sources_mix_everything_given():
+    from rest_lsp.engine import default_sources
+
+    names = [s.name for s, _ in default_sources(FakeDatastore([1, 2, 3]))]
+    assert names == ["context", "history", "corpus", "recycle"]
+    assert [s.name for s, _ in default_sources(recycle=False)] == ["context", "history"]
+    shares = dict((s.name, w) for s, w in default_sources(shares={"history": 0.0}))
+    assert "history" not in shares and shares["context"] == 0.5
