@@ -13,7 +13,7 @@ import {
 } from "vscode-languageclient/node";
 import { expandPath, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
 import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
-import { formatStatsReport, ServerState, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
+import { formatStatsReport, ServerState, stateDetail, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
 
 const SECTION = "restLsp";
 const STATS_METHOD = "rest/stats";
@@ -24,7 +24,7 @@ let output: vscode.LogOutputChannel;
 let statusItem: vscode.StatusBarItem;
 let extensionUri: vscode.Uri;
 let state: ServerState = "stopped";
-let stateDetail: string | undefined;
+let detail: string | undefined;
 let summary: StatsSummary = {};
 let statsTimer: NodeJS.Timeout | undefined;
 let settings: RestLspSettings;
@@ -35,16 +35,16 @@ function currentSettings(): RestLspSettings {
 }
 
 function render(): void {
-  const view = statusView(state, summary, settings.completionsEnabled, stateDetail);
+  const view = statusView(state, summary, settings.completionsEnabled, detail);
   statusItem.text = view.text;
   statusItem.tooltip = view.tooltip;
   statusItem.backgroundColor = state === "error" ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
   statusItem.show();
 }
 
-function setState(s: ServerState, detail?: string): void {
+function setState(s: ServerState, why?: string): void {
   state = s;
-  stateDetail = detail;
+  detail = why;
   render();
 }
 
@@ -90,7 +90,7 @@ async function pollStats(): Promise<void> {
   try {
     const stats = await client.sendRequest(STATS_METHOD, {});
     summary = summarizeStats(stats);
-    setState(stateFromStats(state, summary), stateDetail);
+    setState(stateFromStats(state, summary), stateDetail(summary));
   } catch {
     // A server busy loading its model answers later; the next poll tries again.
   }

@@ -15,7 +15,10 @@ export interface StatsSummary {
   datastoreTokens?: number;
   datastoreFiles?: number;
   datastoreState?: string;
+  datastoreBytes?: number;
   model?: string;
+  modelState?: string; // idle | loading | ready | failed
+  modelError?: string;
 }
 
 type Obj = Record<string, unknown>;
@@ -65,25 +68,67 @@ export function summarizeStats(stats: unknown): StatsSummary {
   const cancelled = num(pick(totals, "cancelled", "cancellations"));
   const superseded = num(pick(totals, "superseded"));
   if (cancelled !== undefined || superseded !== undefined) out.cancelled = (cancelled ?? 0) + (superseded ?? 0);
-  out.model = typeof pick(stats, "model") === "string" ? (pick(stats, "model") as string) : undefined;
+  const model = pick(stats, "model");
+  if (typeof model === "string") out.model = model;
+  if (isObj(model)) {
+    const name = pick(model, "name", "model");
+    if (typeof name === "string") out.model = name;
+    const state = pick(model, "state");
+    if (typeof state === "string") out.modelState = state;
+    const error = pick(model, "error");
+    if (typeof error === "string" && error) out.modelError = error;
+  }
   if (isObj(ds)) {
+    // The server's shape: { folders: [{ state: pending|indexing|ready|failed|disabled, ... }],
+    // stores: { key: { tokens, documents, bytes_on_disk } } }; a flat { state, tokens, ... } is read too.
+    const folders = pick(ds, "folders");
+    const states: string[] = [];
     const state = pick(ds, "state", "status");
-    if (typeof state === "string") out.datastoreState = state;
+    if (typeof state === "string") states.push(state);
+    if (Array.isArray(folders)) for (const f of folders) {
+      const st = pick(f, "state");
+      if (typeof st === "string") states.push(st);
+    }
+    if (states.length > 0) out.datastoreState = states.join(", ");
     const indexing = pick(ds, "indexing");
-    out.indexing = indexing === true || (typeof state === "string" && /index|build|scan/i.test(state));
+    out.indexing = indexing === true || states.some((x) => /^(pending|indexing|building|scanning)$/i.test(x));
     const done = num(pick(ds, "indexedFiles", "filesDone", "done"));
     const total = num(pick(ds, "totalFiles", "filesTotal", "total"));
     if (done !== undefined && total !== undefined && total > 0) out.indexProgress = { done, total };
-    out.datastoreTokens = num(pick(ds, "tokens", "totalTokens", "size"));
-    out.datastoreFiles = num(pick(ds, "files", "documents"));
+    else if (Array.isArray(folders) && folders.length > 1) {
+      const ready = folders.filter((f) => /^(ready|failed|disabled)$/.test(String(pick(f, "state")))).length;
+      out.indexProgress = { done: ready, total: folders.length };
+    }
+    const stores = pick(ds, "stores");
+    const parts: unknown[] = isObj(stores) ? Object.values(stores) : [ds];
+    const sum = (...keys: string[]) => {
+      const vals = parts.map((p) => num(pick(p, ...keys))).filter((v): v is number => v !== undefined);
+      return vals.length > 0 ? vals.reduce((a, b) => a + b, 0) : undefined;
+    };
+    out.datastoreTokens = sum("tokens", "totalTokens");
+    out.datastoreFiles = sum("documents", "files");
+    out.datastoreBytes = sum("bytesOnDisk");
   }
   return out;
 }
 
-/** The state the status bar shows once stats arrive: indexing while the datastore says so, else ready. */
+/**
+ * The state the status bar shows while the server runs and answers `rest/stats`: error while its model
+ * failed to load (a new model setting can fix that without a restart), starting while it loads, indexing
+ * while a workspace folder is being indexed, else ready.
+ */
 export function stateFromStats(current: ServerState, s: StatsSummary): ServerState {
-  if (current === "error" || current === "stopped") return current;
+  if (current === "stopped") return current;
+  if (s.modelState === "failed") return "error";
+  if (s.modelState === "loading") return "starting";
   return s.indexing ? "indexing" : "ready";
+}
+
+/** A line saying why the state is what it is (loading the model, the model's error). */
+export function stateDetail(s: StatsSummary): string | undefined {
+  if (s.modelState === "failed") return `the model failed to load: ${s.modelError ?? "see the log"}`;
+  if (s.modelState === "loading") return "loading the model";
+  return undefined;
 }
 
 export function formatCount(n: number): string {
@@ -128,7 +173,12 @@ export function statusView(state: ServerState, s: StatsSummary, enabled: boolean
   if (s.cancelled !== undefined) lines.push(`cancelled or superseded: ${s.cancelled}`);
   if (s.indexProgress) lines.push(`indexed files: ${s.indexProgress.done} / ${s.indexProgress.total}`);
   if (s.datastoreTokens !== undefined)
-    lines.push(`datastore: ${formatCount(s.datastoreTokens)} tokens${s.datastoreFiles !== undefined ? ` in ${s.datastoreFiles} files` : ""}`);
+    lines.push(
+      `datastore: ${formatCount(s.datastoreTokens)} tokens` +
+        (s.datastoreFiles !== undefined ? ` in ${s.datastoreFiles} files` : "") +
+        (s.datastoreBytes !== undefined ? `, ${formatCount(s.datastoreBytes)}B on disk` : ""),
+    );
+  if (s.datastoreState) lines.push(`index: ${s.datastoreState}`);
   lines.push("Click for statistics");
   return { text: parts.join(" "), tooltip: lines.join("\n") };
 }
