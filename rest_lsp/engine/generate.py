@@ -86,8 +86,11 @@ class Engine:
         self.calibration = Calibration()  # learns how far the trie's estimates are off, across calls
         self.max_draft_nodes = max_draft_nodes
         self.draft_len = draft_len
-        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else self._default_eos())
-        limits = [getattr(self.model.config, "max_position_embeddings", None), getattr(self.verifier, "max_len", None)]
+        if eos_token_ids is None:  # eos, the generation config's eos, and the FIM family's end-of-infill tokens
+            eos_token_ids = self._default_eos() + ([] if bare else list(getattr(loaded, "stop_ids", None) or []))
+        self.eos_token_ids = set(eos_token_ids)
+        limits = [getattr(self.model.config, "max_position_embeddings", None), getattr(self.verifier, "max_len", None),
+                  None if bare else getattr(loaded, "context_length", None)]
         self.max_positions: int | None = min((int(x) for x in limits if x), default=None)
         self._rows_kw = "rows" in inspect.signature(self.verifier.forward).parameters
         self._cached: list[int] = []  # tokens whose keys/values the verifier holds
@@ -157,7 +160,7 @@ class Engine:
                 raise ValueError("empty prompt and the tokenizer has no beginning-of-sequence token")
             prompt = [bos]
         if self.max_positions:
-            room = self.max_positions - max_new - self.draft_len - 1
+            room = self.max_positions - max_new - self.draft_len - self.max_draft_nodes - 1  # the last tree's slots
             if room < 1:
                 raise ValueError(f"max_new_tokens={max_new} leaves no room in a {self.max_positions}-token context")
             prompt = prompt[-room:]

@@ -11,6 +11,7 @@ trust long matches more than short ones.
 """
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -150,9 +151,14 @@ class DatastoreSource:
         self.n_max, self.n_min, self.k = n_max, n_min, k
         self.max_continuations = max_continuations
         self.last_match_len: int | None = 0
+        try:  # `limit=` builds only the heaviest continuations (indexer's Datastore has it)
+            self._limit = "limit" in inspect.signature(datastore.search).parameters
+        except (TypeError, ValueError):
+            self._limit = False
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
-        result = self.datastore.search(context, n_max=self.n_max, n_min=self.n_min, k=self.k, max_len=max_len)
+        kw = {"limit": self.max_continuations} if self._limit else {}
+        result = self.datastore.search(context, n_max=self.n_max, n_min=self.n_min, k=self.k, max_len=max_len, **kw)
         self.last_match_len = result.match_len
         conts = result.continuations[: self.max_continuations]  # heaviest first
         return [(tuple(c.tokens), float(c.weight)) for c in conts if c.tokens]

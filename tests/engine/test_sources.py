@@ -123,3 +123,19 @@ def test_default_sources_mix_everything_given():
     assert [s.name for s, _ in default_sources(recycle=False)] == ["context", "history"]
     shares = dict((s.name, w) for s, w in default_sources(shares={"history": 0.0}))
     assert "history" not in shares and shares["context"] == 0.5
+
+
+def test_real_indexer_datastore_drafts():
+    from indexer.store import Datastore
+
+    model = tiny_model("qwen2", 3)
+    base = random_prompt(31, 12)
+    ref = plain_greedy(model, base, 40)
+    store = Datastore.memory(vocab_size=64)
+    store.set_live("buffer", random_prompt(32, 40) + base + ref + random_prompt(33, 40))
+    source = DatastoreSource(store)
+    assert source._limit  # the store's search(limit=) is used
+    res = Engine(model, [(source, 1.0)], eos_token_ids=[]).generate(
+        base, GenerationConfig(max_new_tokens=30, draft_budget=8))
+    assert res.tokens == ref[:30]
+    assert res.accepted_sources.get("corpus", 0) > 15 and source.last_match_len >= 2
