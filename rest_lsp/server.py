@@ -97,6 +97,17 @@ def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
     return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
 
 
+def _as_dict(params: Any) -> dict:
+    """Custom requests' params as a dict (pygls hands them over as dicts or namedtuple-like objects)."""
+    if isinstance(params, dict):
+        return params
+    if hasattr(params, "_asdict"):
+        return dict(params._asdict())
+    if hasattr(params, "__dict__"):
+        return dict(vars(params))
+    return {}
+
+
 def _error(exc: ServiceError) -> JsonRpcException:
     if exc.code == "invalid_params":
         return JsonRpcInvalidParams(str(exc))
@@ -192,9 +203,8 @@ def create_server(config: ServerConfig | None = None, service: CompletionService
 
     @server.feature(STATS)
     def stats(ls: RestLanguageServer, params: Any):
-        last = 20
-        if isinstance(params, dict) and isinstance(params.get("last"), int):
-            last = params["last"]
+        last = _as_dict(params).get("last", 20)
+        last = last if isinstance(last, int) and last >= 0 else 20
         snap = svc.snapshot(last)
         snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
         return snap
@@ -202,7 +212,8 @@ def create_server(config: ServerConfig | None = None, service: CompletionService
     @server.feature(DRAFTS)
     async def drafts(ls: RestLanguageServer, params: Any):
         """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
-        if not isinstance(params, dict) or not isinstance(params.get("text"), str):
+        params = _as_dict(params)
+        if not isinstance(params.get("text"), str):
             raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>"}')
         if ls.indexing is None:
             raise JsonRpcInvalidParams("the workspace is not initialized yet")

@@ -27,8 +27,8 @@ class ServerConfig:
     max_lines: int = 8                  # lines of a multi-line completion
     time_budget_ms: int = 1500          # per request, 0: none; past it the text so far is returned, cut at a line
     languages: list[str] | None = None  # LSP languageIds served; None: all
-    exclude: list[str] = field(default_factory=lambda: [
-        "**/.git/**", "**/node_modules/**", "**/.venv/**", "**/__pycache__/**", "**/build/**", "**/dist/**"])
+    exclude: list[str] = field(default_factory=list)   # gitignore-style patterns not indexed (on top of
+                                        # .gitignore, .git, node_modules, venvs, build output and secrets)
     index_workspace: bool = True        # index workspace folders into a per-workspace datastore
     cache_dir: str | None = None        # None: the user cache directory (platformdirs)
     request_log: str | None = None      # JSONL file, one line per request

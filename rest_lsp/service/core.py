@@ -103,6 +103,7 @@ class CompletionService:
         self.cache = CompletionCache()
         self.repository = DatastoreSet()    # workspace datastores; rest_lsp/service/workspace.py fills it
         self.stats = Stats()
+        self.on_model_ready: list[Callable[[Backend], None]] = []   # run on the inference thread
         self._apply_log_path()
 
     # -- lifecycle and configuration --------------------------------------------------------------
@@ -122,6 +123,8 @@ class CompletionService:
                 self._notify("error", f"model failed to load: {type(exc).__name__}: {exc}")
                 raise
             self._notify("info", f"model {backend.name} ready in {time.perf_counter() - t0:.1f} s")
+            for callback in list(self.on_model_ready):
+                callback(backend)
             return backend
 
         self.cache.clear()

@@ -12,7 +12,7 @@ class DatastoreSet:
     """Several datastores searched as one (the workspace folders), swappable while the server runs.
 
     Searches run on the inference thread while indexing threads swap datastores in and feed live shards,
-    so every access goes through one lock; the longest match wins, ties merge their continuations.
+    under one lock for the list itself; the longest match wins, ties merge their continuations.
     """
 
     def __init__(self) -> None:
@@ -44,19 +44,20 @@ class DatastoreSet:
             return bool(self._stores)
 
     def call(self, key: str, method: str, *args) -> bool:
-        """Run a mutating method (set_live, drop_live, update_paths) on one store under the lock."""
-        with self._lock:
-            store = self._stores.get(key)
-            if store is None:
-                return False
-            getattr(store, method)(*args)
-            return True
+        """Run a method (set_live, drop_live, update_paths) on one store; False when there is none.
+        indexer's Datastore is safe to search while it is written, so no lock is held during the call."""
+        store = self.get(key)
+        if store is None:
+            return False
+        getattr(store, method)(*args)
+        return True
 
     def search(self, context: Sequence[int], **kw):
         from indexer.types import SearchResult
 
         with self._lock:
-            results = [s.search(context, **kw) for s in self._stores.values()]
+            stores = list(self._stores.values())
+        results = [s.search(context, **kw) for s in stores]
         results = [r for r in results if r.match_len > 0]
         if not results:
             return SearchResult(0, 0, [])

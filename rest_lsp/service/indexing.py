@@ -1,15 +1,32 @@
-"""Adapter to the indexer: build or refresh a folder's datastore, and watch the folder."""
+"""Adapter to the indexer: build or refresh a workspace folder's datastore, and watch the folder."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable, Iterable
 
 
+def _filters(exclude: Iterable[str]):
+    from indexer.discover import Filters
+
+    # the indexer already skips .git, node_modules, virtual environments, build output, secrets and
+    # whatever .gitignore says; `exclude` adds gitignore-style patterns relative to the folder
+    return Filters(exclude_paths=tuple(exclude))
+
+
 def open_or_build(root: Path, store_dir: Path, *, tokenizer: str | None, exclude: Iterable[str],
                   progress: Callable[..., object] | None = None):
-    """-> (Datastore, detail dict)."""
-    raise RuntimeError("the indexer's datastore (indexer.store) is not available yet")
+    """-> (Datastore, figures). Opens and syncs an existing store of this folder, else builds one."""
+    from indexer.watch import open_or_build as indexer_open_or_build
+
+    store_dir.parent.mkdir(parents=True, exist_ok=True)
+    ds = indexer_open_or_build([root], store_dir, tokenizer=tokenizer, filters=_filters(exclude),
+                               log_fn=(lambda msg: progress(msg)) if progress else None)
+    st = ds.stats()
+    return ds, {"documents": st["documents"], "tokens": st["tokens"], "shards": st["shards"]}
 
 
-def watch(root: Path, exclude: Iterable[str], on_change: Callable[[list[Path]], None]):
-    raise RuntimeError("indexer.watch is not available yet")
+def watch(ds, on_update: Callable[[dict], None]):
+    """Start indexer.watch.Watcher on the store's roots; changed files become searchable in about 0.2 s."""
+    from indexer.watch import Watcher
+
+    return Watcher(ds, debounce_s=0.2, on_update=on_update).start()

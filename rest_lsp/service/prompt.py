@@ -2,8 +2,8 @@
 
 Positions here are (line, column) in code points of Python strings; the protocol layer converts the client's
 UTF-16 units. Rules:
-- single line when code follows the cursor on its line (only closing brackets, quotes or separators after
-  the cursor do not count), or when the cursor ends a line that does not open a block;
+- single line when anything but whitespace follows the cursor on its line (a closing bracket too: the
+  suggestion then has to fit before it), or when the cursor ends a line that does not open a block;
 - multi-line when the cursor sits on an empty (whitespace-only) line, or right after a block opener
   (`:` `{` `(` `[` `=>` `do` `then`...).
 The text after the cursor is the fill-in-the-middle suffix. A selected completion item (LSP
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 BLOCK_OPENER = re.compile(r"(:|\{|\(|\[|=>|\bdo|\bthen|\bbegin)\s*$")
-CLOSERS = set(")]}>\"'`;,: \t")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 PREFIX_ANCHOR = 2048  # prefix windows start at multiples of this (then the next line) so the prompt start
                       # stays put while typing and the KV cache of the shared prefix stays reusable
 
@@ -105,8 +105,7 @@ def build_context(text: str, line: int, column: int, selected: Selected | None =
     line_before = prefix[prefix.rfind("\n") + 1:]
     nl = suffix.find("\n")
     line_after = suffix if nl < 0 else suffix[:nl]
-    code_after = any(ch not in CLOSERS for ch in line_after.rstrip("\r"))
-    if code_after:
+    if line_after.strip():
         multiline = False
     else:
         multiline = not line_before.strip() or bool(BLOCK_OPENER.search(line_before))
@@ -121,6 +120,9 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     truncated (the time budget ran out mid-way): cut back to the last complete line; a single line is cut
     back to its last word boundary.
     """
+    bad = CONTROL.search(text)       # a control character (NUL, escape codes ...) is never code to insert
+    if bad:
+        text = text[: bad.start()]
     if not ctx.multiline or (truncated and "\n" not in text):
         text = text.split("\n", 1)[0]
         if truncated:

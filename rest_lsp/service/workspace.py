@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
+from . import indexing
+
 log = logging.getLogger(__name__)
 
 
@@ -58,10 +60,12 @@ class _Folder:
         self.error: str | None = None
         self.store_dir: Path | None = None
         self.detail: dict = {}
-        self.updates = 0               # files re-read after a change on disk
+        self.updates = 0               # batches of changed files the watcher applied
+        self.saved = 0                 # files re-read after didSave
         self.live_updates = 0          # buffer texts fed to the live shard
         self.watcher = None
         self.indexed_s: float | None = None
+        self.backend = None            # the model whose tokenizer the datastore was opened with
 
 
 class WorkspaceIndex:
@@ -77,6 +81,17 @@ class WorkspaceIndex:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="rest-lsp-index", daemon=True)
         self._thread.start()
+        service.on_model_ready.append(self._model_ready)
+
+    def _model_ready(self, backend) -> None:
+        """A (new) model: its tokenizer may differ, so re-index and re-feed what the old one tokenised."""
+        for key, f in self.folders.items():
+            if f.backend is not backend:
+                self._tasks.put(("index", key))
+        with self._live_lock:
+            uris = list(self._live)
+        for uri in uris:
+            self.buffer_changed(uri, self._live.get(uri))
 
     # -- event-loop side: cheap, never blocks ------------------------------------------------------
     def start(self, folder_uris: list[str]) -> None:
@@ -107,7 +122,7 @@ class WorkspaceIndex:
 
     def reconfigure(self, changed: set[str]) -> None:
         for key in list(self.folders):
-            self._tasks.put(("index", key))
+            self._tasks.put(("reindex", key))
 
     def close(self) -> None:
         self._closed = True
@@ -127,7 +142,7 @@ class WorkspaceIndex:
         for f in list(self.folders.values()):
             folders.append({"folder": str(f.root), "state": f.state, "error": f.error,
                             "datastore": str(f.store_dir) if f.store_dir else None, "indexed_s": f.indexed_s,
-                            "file_updates": f.updates, "live_updates": f.live_updates,
+                            "watch_updates": f.updates, "saved_updates": f.saved, "live_updates": f.live_updates,
                             "watching": f.watcher is not None, **f.detail})
         store_stats = {}
         for key in self.service.repository.keys():
@@ -162,6 +177,8 @@ class WorkspaceIndex:
                     arg.set()
                 elif kind == "index":
                     self._index(self.folders[arg])
+                elif kind == "reindex":
+                    self._index(self.folders[arg], force=True)
                 elif kind == "live":
                     self._feed_live(arg)
                 elif kind == "close":
@@ -188,10 +205,10 @@ class WorkspaceIndex:
                 continue
         return None
 
-    def _index(self, f: _Folder) -> None:
+    def _index(self, f: _Folder, force: bool = False) -> None:
         cfg = self.service.config
-        self._stop_watch(f)
         if not cfg.index_workspace:
+            self._stop_watch(f)
             f.state = "disabled"
             self.service.repository.set(f.key, None)
             return
@@ -200,13 +217,16 @@ class WorkspaceIndex:
         except RuntimeError as exc:
             f.state, f.error = "failed", str(exc)
             return
+        if f.backend is backend and f.state == "ready" and not force:
+            return
+        f.backend = backend
+        self._stop_watch(f)
         cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
         f.store_dir = workspace_store_dir(cache, f.root)
         f.state, f.error = "indexing", None
         token = self.progress.begin("rest-lsp: indexing", str(f.root)) if self.progress else None
         t0 = time.perf_counter()
         try:
-            from . import indexing
             store, detail = indexing.open_or_build(
                 f.root, f.store_dir, tokenizer=tok, exclude=cfg.exclude,
                 progress=lambda msg, pct=None: self.progress and self.progress.report(token, msg, pct))
@@ -228,10 +248,14 @@ class WorkspaceIndex:
         for uri in uris:          # buffers opened before the index existed move to its live shard
             self._feed_live(uri)
         try:
-            from . import indexing
-            f.watcher = indexing.watch(f.root, cfg.exclude, lambda paths: self._tasks.put(("paths", paths)))
+            f.watcher = indexing.watch(store, lambda summary: self._watched(f, summary))
         except Exception as exc:  # noqa: BLE001
             self.notify("warning", f"not watching {f.root}: {type(exc).__name__}: {exc}")
+
+    def _watched(self, f: _Folder, summary: dict) -> None:
+        """A batch of changed files on disk is searchable now (called on the watcher's thread)."""
+        f.updates += 1
+        log.info("workspace %s updated: %s", f.root, summary)
 
     def _stop_watch(self, f: _Folder) -> None:
         w, f.watcher = f.watcher, None
@@ -287,4 +311,4 @@ class WorkspaceIndex:
                 by_folder.setdefault(f.key, []).append(Path(p))
         for key, ps in by_folder.items():
             if self.service.repository.call(key, "update_paths", ps):
-                self.folders[key].updates += len(ps)
+                self.folders[key].saved += len(ps)

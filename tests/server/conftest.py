@@ -157,3 +157,12 @@ async def session(tmp_path, shared_cache):
     await s.start(env={"REST_LSP_CACHE": str(shared_cache)})
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def user_cache_session(tmp_path):
+    """A server using the real user cache: the embedded model is assembled and converted there once."""
+    s = Session(tmp_path)
+    await s.start()
+    yield s
+    await s.close()
