@@ -20,6 +20,7 @@ import torch
 from .verifier import Verifier, chain_mask
 
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+MEASURE_VERSION = 2  # part of the cache key: a new measuring method never reads old figures
 
 
 @dataclass
@@ -132,18 +133,20 @@ def cache_dir() -> Path:
 def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     threads = torch.get_num_threads()
     kind = type(verifier).__name__ + ("-compiled" if getattr(verifier, "compiled", False) else "")
-    raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}"
+    raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)
 
 
 def load_or_measure(
-    verifier: Verifier, vocab_size: int, key: str, directory: Path | None = None, **measure_kw
+    verifier: Verifier, vocab_size: int, key: str, directory: Path | None = None, *, force: bool = False,
+    **measure_kw,
 ) -> CostModel:
-    """The cached c(q) for this key, measuring (and atomically caching) it on first use."""
+    """The cached c(q) for this key, measuring (and atomically caching) it on first use or when forced."""
     path = (directory or cache_dir()) / f"{key}.json"
     try:
-        data = json.loads(path.read_text())
-        return CostModel([int(q) for q in data["qs"]], [float(m) for m in data["ms"]])
+        if not force:
+            data = json.loads(path.read_text())
+            return CostModel([int(q) for q in data["qs"]], [float(m) for m in data["ms"]])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     model = measure_cost(verifier, vocab_size, **measure_kw)

@@ -53,11 +53,12 @@ class HFVerifier:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size: int = model.config.vocab_size
-        self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
-        if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", False):
-            raise NotImplementedError("HFVerifier: sliding-window attention layers cannot be pruned to a tree path")
         self._cache_cls = DynamicCache
         self.cache = DynamicCache(config=model.config)
+        # Sliding-window layers (Mistral, some Qwen2 configs) drop old entries once the window is full, after
+        # which a tree can no longer be pruned by position: stay inside the window (the engine cuts prompts).
+        windows = [layer.sliding_window for layer in self.cache.layers if getattr(layer, "sliding_window", None)]
+        self.max_len: int | None = min(windows) - 1 if windows else None
         self.past_len = 0
         self._last_q = 0
 
@@ -68,6 +69,8 @@ class HFVerifier:
         skips most of the output projection (a prefill needs only its last row)."""
         q = tokens.shape[0]
         past = self.past_len
+        if self.max_len is not None and past + q > self.max_len:
+            raise ValueError(f"forward: {past} cached + {q} new tokens exceed the sliding window ({self.max_len})")
         # mask [1, 1, q, past + q]: every row sees the whole cache, then its ancestors and itself
         allowed = torch.ones(q, past + q, dtype=torch.bool, device=self.device)
         allowed[:, past:] = tree_mask.to(self.device)
@@ -112,5 +115,7 @@ class HFVerifier:
             for layer in self.cache.layers:
                 layer.keys = layer.keys[:, :, :n]
                 layer.values = layer.values[:, :, :n]
+                if hasattr(layer, "cumulative_length"):  # sliding-window layers count their tokens
+                    layer.cumulative_length = n
         self.past_len = min(n, self.past_len)
         self._last_q = 0

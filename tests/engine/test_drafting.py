@@ -152,3 +152,20 @@ def test_automatic_budget_follows_the_cost_curve():
         assert res.tokens == ref
         assert (max(res.draft_sizes) > 0) == drafts
         assert (res.steps < 30) == drafts
+
+
+def test_engine_calibrate_measures_once_and_keeps_decoding_exact(tmp_path, monkeypatch):
+    from rest_lsp.engine import ContextSource, Engine, GenerationConfig
+
+    from ._models import plain_greedy, random_prompt
+
+    monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
+    model = tiny_model("llama", 0)
+    prompt = random_prompt(40, 10)
+    engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[])
+    engine.generate(prompt, GenerationConfig(max_new_tokens=3, draft_budget=2))  # something in the cache
+    cost = engine.calibrate(qs=(1, 2, 4), past=8, repeats=1)
+    assert engine.cost is cost and len(list(tmp_path.glob("*.json"))) == 1
+    assert engine.calibrate(qs=(1, 2, 4, 8)) == cost  # read back, not measured again
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=20))
+    assert res.reused_tokens == 0 and res.tokens == plain_greedy(model, prompt, 20)

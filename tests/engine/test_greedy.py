@@ -119,3 +119,21 @@ def test_failed_forward_leaves_no_stale_cache():
         engine.generate(prompt + [1], GenerationConfig(max_new_tokens=5), should_stop=boom)
     res = engine.generate(prompt + [1], GenerationConfig(max_new_tokens=5))
     assert res.reused_tokens == 0 and res.tokens == plain_greedy(model, prompt + [1], 5)
+
+
+def test_sliding_window_model_stays_inside_its_window():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, sliding_window=128, initializer_range=0.3)).eval()
+    prompt = random_prompt(8, 150)
+    ref_prompt_len = 128 - 1 - 8 - 10 - 8 - 1  # window - 1 - max_new - draft_len - max_draft_nodes - 1
+    kept = prompt[-ref_prompt_len:]
+    ref = plain_greedy(model, kept, 8)
+    source = ScriptedSource(kept + ref)
+    engine = Engine(model, [(source, 1.0)], max_draft_nodes=8, eos_token_ids=[])
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=8, draft_budget=8))
+    assert res.prompt_tokens == ref_prompt_len and res.steps < 8
+    assert res.tokens == ref
