@@ -270,6 +270,13 @@ class Shard:
         return cls(shard_id, kind, width, tb, 0, tok, sa, weight, alpha=alpha)
 
     @classmethod
+    def from_sorted(cls, shard_id: str, kind: str, prepared, *, weight: float = 1.0) -> "Shard":
+        """An in-memory shard from sort_shard's output (searchable before its files are written)."""
+        stored, tw, alpha, sa = prepared
+        tb = stored.astype(be_dtype(tw)).tobytes()
+        return cls(shard_id, kind, tw, tb, 0, np.frombuffer(tb, dtype=be_dtype(tw)), sa, weight, alpha=alpha)
+
+    @classmethod
     def load(cls, directory: Path, meta: dict, width: int, *, weight: float = 1.0, verify: bool = True) -> "Shard":
         sid = meta["id"]
         ft, fs = meta["files"]["tok"], meta["files"]["sa"]
@@ -456,14 +463,20 @@ class Shard:
         return sum((directory / f).stat().st_size for f in self.files if (directory / f).exists())
 
 
+def sort_shard(arr: np.ndarray, width: int, vocab_size: int | None = None):
+    """(stored tokens, storage width, alphabet or None, suffix array) of joined documents."""
+    stored, tw, alpha = compact_tokens(arr, width, vocab_size)
+    return stored, tw, alpha, suffix_array(stored, tw, vocab_size)
+
+
 def write_shard(shard_dir: Path, sid: str, kind: str, arr: np.ndarray, width: int,
-                vocab_size: int | None = None) -> tuple[dict, dict]:
-    """Sort and write one shard (tokens joined with sentinels, native dtype). Returns (meta, timings)."""
+                vocab_size: int | None = None, *, prepared=None) -> tuple[dict, dict]:
+    """Sort (unless `prepared` by sort_shard) and write one shard of joined documents (native dtype,
+    sentinels included). Returns (meta, timings)."""
     import time
 
     t0 = time.perf_counter()
-    stored, tw, alpha = compact_tokens(arr, width, vocab_size)
-    sa = suffix_array(stored, tw, vocab_size)
+    stored, tw, alpha, sa = prepared if prepared is not None else sort_shard(arr, width, vocab_size)
     t1 = time.perf_counter()
     shard_dir.mkdir(parents=True, exist_ok=True)
     files = {"tok": write_npy_atomic(shard_dir / f"{sid}.tok.npy", stored.astype(be_dtype(tw)), sync_dir=False),

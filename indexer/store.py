@@ -24,7 +24,7 @@ import numpy as np
 from . import discover as disc
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
-from .shard import ScanShard, Shard, join_documents, sentinel_for_width, width_for_vocab, write_shard
+from .shard import ScanShard, Shard, join_documents, sentinel_for_width, sort_shard, width_for_vocab, write_shard
 from .types import CorruptShard, IndexerError, SearchResult, TokenizerMismatch, make_continuation
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
@@ -161,8 +161,17 @@ class Datastore:
             self._shards = shards
             self._rebuild_snapshot()
 
-    def _rebuild_snapshot(self) -> None:
-        snap = [s for s in self._shards if s.n]
+    def _publish(self, dead_add: dict, delta: Shard | None) -> None:
+        """Search the new masks and the delta shard before they are on disk."""
+        shards = [dataclasses.replace(s, dead=sorted(set(s.dead) | {tuple(x) for x in dead_add[s.id]}))
+                  if s.id in dead_add else s for s in self._shards]
+        if delta is not None:
+            shards.append(delta)
+        with self._lock:
+            self._rebuild_snapshot(shards)
+
+    def _rebuild_snapshot(self, shards: list | None = None) -> None:
+        snap = [s for s in (self._shards if shards is None else shards) if s.n]
         for a in self._attached:
             snap += [s for s in a._shards if s.n]
         snap += [s for s in self._live.values() if s.n]
@@ -490,29 +499,40 @@ class Datastore:
         shard_dir = self.path / SHARD_DIR
         metas = {s["id"]: dict(s) for s in m["shards"]}
         order = [s["id"] for s in m["shards"]]
+        kind = m.get("kind", "repository")
+        prepared = sid = None
         if new:
             from .tokenizer import encode_batch
 
             ids = encode_batch(self.tokenizer, [t for *_, t in new])
             arr, spans = join_documents(ids, self.width)
             sid = self._next_id(m)
-            meta, _ = write_shard(shard_dir, sid, m.get("kind", "repository"), arr, self.width,
-                                  m["tokenizer"].get("vocab_size"))
-            metas[sid] = meta
-            order.append(sid)
+            prepared = sort_shard(arr, self.width, m["tokenizer"].get("vocab_size"))
             for (key, size, mtime, h, _), (a, b) in zip(new, spans):
                 docs[key] = Doc(size, mtime, h, sid, a, b)
-        for sid, spans in dead_add.items():
-            if sid in metas:
-                md = metas[sid]
-                md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
-        self._drop_empty(metas, order, docs)
-        m["shards"] = [metas[s] for s in order]
-        m["docs"] = pack_docs(docs)
-        m["generation"] = int(m.get("generation", 0)) + 1
-        m["stats"] = _stats_of(docs)
-        self._commit(m, dict(docs))
+        # searchable now, in this process: the new masks and the delta from memory; durable below
+        self._publish(dead_add, Shard.from_sorted(sid, kind, prepared, weight=self.weights.get(kind, 1.0))
+                      if prepared is not None else None)
         summary["searchable_s"] = time.perf_counter() - t0
+        try:
+            if prepared is not None:
+                metas[sid], _ = write_shard(shard_dir, sid, kind, arr, self.width, prepared=prepared)
+                order.append(sid)
+            for s_id, spans in dead_add.items():
+                if s_id in metas:
+                    md = metas[s_id]
+                    md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
+            self._drop_empty(metas, order, docs)
+            m["shards"] = [metas[s] for s in order]
+            m["docs"] = pack_docs(docs)
+            m["generation"] = int(m.get("generation", 0)) + 1
+            m["stats"] = _stats_of(docs)
+            self._commit(m, dict(docs))
+        except BaseException:
+            with self._lock:  # not written: serve what is on disk again
+                self._rebuild_snapshot()
+            raise
+        summary["durable_s"] = time.perf_counter() - t0
         # merging comes after the update is searchable, as a commit of its own
         before = list(order)
         self._merge(m, metas, order, docs, shard_dir)

@@ -1,6 +1,6 @@
 """Keeping a datastore current: a watchdog observer on the roots feeding `Datastore.update_paths`.
 
-Events are coalesced: a batch is applied once no event came for `quiet_s` (default 50 ms) or, under a
+Events are coalesced: a batch is applied once no event came for `quiet_s` (default 30 ms) or, under a
 steady stream of events, `debounce_s` (default 200 ms) after its first event, whichever comes first. An
 editor's atomic save (write a temporary file, rename it over the original) arrives as create + modify +
 move within a few milliseconds and becomes one update of the final path; deletions, renames and moved
@@ -30,7 +30,7 @@ class Watcher:
         self.ds = ds
         self.roots = [Path(r).absolute() for r in (roots or ds.manifest.get("roots", []))]
         self.debounce_s = debounce_s
-        self.quiet_s = min(0.05, debounce_s) if quiet_s is None else quiet_s
+        self.quiet_s = min(0.03, debounce_s) if quiet_s is None else quiet_s
         self.on_update = on_update
         self._pending: dict[str, float] = {}  # path -> time of its first event in this batch
         self._first = None
