@@ -30,7 +30,7 @@ from .types import CorruptShard, IndexerError, SearchResult, TokenizerMismatch, 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
 MERGE_FANOUT = 4  # shards of one size class that trigger a merge (log-structured, size-tiered)
 LEVEL_BASE_TOKENS = 1 << 16  # size class 0: shards below 64k tokens
-REFRESH_INTERVAL_S = 0.5
+REFRESH_INTERVAL_S = 0.1  # readers check the manifest (one stat) at most this often
 
 
 def _level(tokens: int) -> int:
