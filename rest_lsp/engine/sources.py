@@ -12,7 +12,6 @@ trust long matches more than short ones.
 from __future__ import annotations
 
 import inspect
-from collections import deque
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -115,30 +114,33 @@ class ContextSource(_MatchingSource):
 
 
 class HistorySource(_MatchingSource):
-    """The tokens this process generated before (a bounded ring); separate generations never run together."""
+    """The tokens this process generated before (the latest `capacity`); generations never run together."""
 
     name = "history"
     SEPARATOR = -1
 
     def __init__(self, n_max: int = 16, max_matches: int = 64, capacity: int = 65536):
         super().__init__(n_max, max_matches)
-        self._ring: deque[int] = deque(maxlen=capacity)
-        self._array: np.ndarray | None = None
+        self.capacity = capacity
+        self._buf = np.empty(2 * capacity, dtype=np.int64)  # appended in place; halved when full
+        self._n = 0
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A new generation starts: separate it from the previous one."""
-        if self._ring and self._ring[-1] != self.SEPARATOR:
-            self._ring.append(self.SEPARATOR)
-            self._array = None
+        if self._n and self._buf[self._n - 1] != self.SEPARATOR:
+            self.observe([self.SEPARATOR])
 
     def observe(self, tokens: Sequence[int]) -> None:
-        self._ring.extend(int(t) for t in tokens)
-        self._array = None
+        new = np.asarray(tokens, dtype=np.int64)[-self.capacity :]
+        if self._n + len(new) > len(self._buf):
+            keep = self._buf[self._n - (self.capacity - len(new)) : self._n].copy() if self.capacity > len(new) else new[:0]
+            self._buf[: len(keep)] = keep
+            self._n = len(keep)
+        self._buf[self._n : self._n + len(new)] = new
+        self._n += len(new)
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
-        if self._array is None:
-            self._array = np.fromiter(self._ring, dtype=np.int64, count=len(self._ring))
-        return [(self._array, False)]
+        return [(self._buf[: self._n], False)]
 
 
 class DatastoreSource:

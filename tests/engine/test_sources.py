@@ -139,3 +139,15 @@ def test_real_indexer_datastore_drafts():
         base, GenerationConfig(max_new_tokens=30, draft_budget=8))
     assert res.tokens == ref[:30]
     assert res.accepted_sources.get("corpus", 0) > 15 and source.last_match_len >= 2
+
+
+def test_history_source_keeps_the_latest_tokens_when_full():
+    src = HistorySource(capacity=8)
+    tokens = list(range(50))
+    for i in range(0, 50, 3):
+        src.observe(tokens[i : i + 3])
+    held = src._buf[: src._n].tolist()
+    assert held[-8:] == tokens[-8:] and held == tokens[-len(held):] and len(held) <= 16
+    assert dict(src.propose([46, 47], 2)) == {(48, 49): 4.0}
+    src.observe(list(range(100, 120)))  # more than the capacity at once
+    assert src._buf[: src._n].tolist() == list(range(112, 120))
