@@ -261,6 +261,12 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                     spec = rules.spec_for(p)
                     dirs.append((p, rel, chain + [(len(rel), spec)] if spec is not None else chain))
                     continue
+                if not filters.name_ok(name):  # before the stat: most files fail here
+                    report.skip("filtered")
+                    continue
+                if rules.ignored(root, rel, False, chain):
+                    report.skip("ignored")
+                    continue
                 try:
                     st = e.stat(follow_symlinks=True)
                 except OSError:
@@ -268,12 +274,6 @@ def walk(roots, filters: Filters | None = None, report: Report | None = None, ru
                     continue
                 if not stat_mod.S_ISREG(st.st_mode):
                     report.skip("not_regular")
-                    continue
-                if not filters.name_ok(name):
-                    report.skip("filtered")
-                    continue
-                if rules.ignored(root, rel, False, chain):
-                    report.skip("ignored")
                     continue
                 if st.st_size > filters.max_file_size:
                     report.skip("too_large")
