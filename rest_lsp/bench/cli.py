@@ -51,18 +51,22 @@ def _tokenizer_spec(lm) -> str | None:
     return str(lm.path) if getattr(lm, "path", None) is not None and lm.name != EMBEDDED_NAME else None
 
 
-def _datastores(args, lm, tmp: Path):
+def _datastores(args, tok: str | None, tmp: Path):
+    """(corpus, repository, store): the --datastore corpus, the --repo index, and the datastore the
+    `corpus` draft source searches (the corpus with the repository attached when both are given)."""
     from indexer.store import Datastore
 
-    corpus = repo = None
-    tok = _tokenizer_spec(lm)
+    corpus = repo = store = None
     if args.datastore:
         corpus = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False)
     if args.repo:
         t = time.perf_counter()
         repo = Datastore.build([Path(args.repo).expanduser()], tmp / "repo-index", tokenizer=tok)
         _log(f"indexed --repo {args.repo} in {time.perf_counter() - t:.1f} s")
-    return corpus, repo
+        if corpus is not None:
+            store = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False,
+                                   attach=[tmp / "repo-index"])
+    return corpus, repo, store
 
 
 def _write_json(path: str, obj) -> None:
@@ -120,9 +124,9 @@ def bench_main(argv: list[str] | None = None) -> int:
         return 2
     lm = _load(args)
     with tempfile.TemporaryDirectory(prefix="rest-lsp-bench.") as tmp:
-        corpus, repo = _datastores(args, lm, Path(tmp))
+        corpus, repo, store = _datastores(args, _tokenizer_spec(lm), Path(tmp))
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
-                           repository=repo, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
+                           repository=repo, store=store, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
                            warmup=not args.no_warmup, log=_log)
     report["prompts"] = args.prompts
     report["datastore"] = args.datastore
@@ -214,21 +218,14 @@ def replay_main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         _log(f"rest-lsp replay: {e}")
         return 2
-    corpus = repo = None
     with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
-        if args.datastore or args.repo:
-            from indexer.store import Datastore
-
-            tok = _tokenizer_spec(lm) if lm is not None else _record_tokenizer(header)
-            if args.datastore:
-                corpus = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False)
-            if args.repo:
-                repo = Datastore.build([Path(args.repo).expanduser()], Path(tmp) / "repo-index", tokenizer=tok)
+        tok = _tokenizer_spec(lm) if lm is not None else header.get("tokenizer")
+        corpus, repo, store = _datastores(args, tok, Path(tmp))
         results = []
         for pol in policies:
             for b in budgets:
                 try:
-                    results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo,
+                    results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo, store=store,
                                             draft_len=args.draft_len))
                 except PolicyError as e:
                     _log(f"rest-lsp replay: {e}")
@@ -253,10 +250,6 @@ def _engine_cost(lm, *, measure: bool) -> dict | None:
         return None
     c = load_or_measure(verifier, lm.model.config.vocab_size, key)
     return {"qs": list(c.qs), "ms": list(c.ms)}
-
-
-def _record_tokenizer(header: dict) -> str | None:
-    return header.get("tokenizer")
 
 
 def main(argv: list[str] | None = None) -> int:

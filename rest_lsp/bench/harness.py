@@ -86,14 +86,15 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 
 def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_new_tokens: int = 128,
-              corpus=None, repository=None, rest_policy: str = "rest", rest_budget: int | None = None,
+              corpus=None, repository=None, store=None, rest_policy: str = "rest",
+              rest_budget: int | None = None,
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     log = log or (lambda s: None)
     methods = list(dict.fromkeys(methods))
     # ar first: the other methods compare their outputs with its
     order = (["ar"] if "ar" in methods else []) + [m for m in methods if m != "ar"]
-    runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, rest_policy=rest_policy,
-                              rest_budget=rest_budget) for m in order}
+    runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, store=store,
+                              rest_policy=rest_policy, rest_budget=rest_budget) for m in order}
     if warmup:
         ids = loaded.build_prompt(WARMUP_TEXT)
         for m in order:

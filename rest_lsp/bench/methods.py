@@ -5,7 +5,8 @@
     pld         transformers' prompt-lookup decoding: `generate(prompt_lookup_num_tokens=10)`, greedy
     rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
                 order, a 64-node trie by raw counts
-    rest        the engine's full policy (context + repository + corpus by share) at the calibrated budget
+    rest        the engine's own policy (`default_sources`: context, history, the datastore with the repository
+                attached, recycle) at the calibrated per-step budget
 """
 from __future__ import annotations
 
@@ -35,16 +36,25 @@ class Run:
 class EngineMethod:
     """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
 
-    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None,
+    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, store=None,
                  draft_budget: int | None = None, draft_len: int = 10):
+        from rest_lsp.engine import Engine
+
         from .policy import build_sources
 
         self.loaded = loaded
         self.policy = policy
-        self.sources = build_sources(policy, corpus=corpus, repository=repository) if policy else []
+        self.sources = build_sources(policy, corpus=corpus, repository=repository, store=store) if policy else []
         self.draft_budget = draft_budget if self.sources else None
         self.draft_len = draft_len
-        self.cost = None  # c(q), calibrated by the first engine that needs it, then shared
+        # one engine for all prompts, as the daemon keeps one: its acceptance calibration and the sources'
+        # state carry over; between prompts it keeps only the KV of a shared prompt prefix
+        self.engine = Engine(loaded, self.sources, max_draft_nodes=64, draft_len=draft_len,
+                             eos_token_ids=loaded.stop_ids)
+
+    @property
+    def cost(self):
+        return self.engine.cost
 
     def describe(self) -> dict:
         return {"loop": "rest_lsp.engine.Engine", "policy": self.policy,
@@ -52,18 +62,13 @@ class EngineMethod:
                 "draft_budget": self.draft_budget if self.sources else 0, "draft_len": self.draft_len}
 
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
-        from rest_lsp.engine import Engine, GenerationConfig
+        from rest_lsp.engine import GenerationConfig
 
-        # a fresh engine per prompt: no KV cache carried over from the previous prompt (pld has none either);
-        # the sources persist, so a history source sees earlier outputs as in a long-running daemon
-        engine = Engine(self.loaded, self.sources, cost=self.cost, max_draft_nodes=64,
-                        draft_len=self.draft_len, eos_token_ids=self.loaded.stop_ids)
-        if self.sources and self.draft_budget is None and self.cost is None:
-            engine._cost()  # calibrate c(q) outside the timed call (cached on disk per model/precision)
+        if self.sources and self.draft_budget is None and self.engine.cost is None:
+            self.engine._cost()  # calibrate c(q) outside the timed call (cached on disk per model/precision)
         cfg = GenerationConfig(max_new_tokens=max_new_tokens,
                                draft_budget=self.draft_budget if self.sources else 0)
-        res = engine.generate(list(prompt_ids), cfg)
-        self.cost = engine.cost
+        res = self.engine.generate(list(prompt_ids), cfg)
         return Run(list(res.tokens), res.prefill_s + res.decode_s, res.prefill_s, res.steps, res.stop_reason,
                    list(res.retrieval_ms) if self.sources else [], list(res.draft_sizes),
                    dict(res.accepted_sources))
@@ -121,7 +126,7 @@ class PldMethod:
         return Run(new, t1 - t0, prefill, max(1, len(clock.marks)), reason)
 
 
-def make_method(name: str, loaded, *, corpus=None, repository=None, rest_policy: str = "rest",
+def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, rest_policy: str = "rest",
                 rest_budget: int | None = None):
     from .policy import PolicyError
 
@@ -134,5 +139,6 @@ def make_method(name: str, loaded, *, corpus=None, repository=None, rest_policy:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
         return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64)
     if name == "rest":
-        return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, draft_budget=rest_budget)
+        return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, store=store,
+                            draft_budget=rest_budget)
     raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

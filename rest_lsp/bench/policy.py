@@ -1,29 +1,36 @@
 """Draft policies for the benchmark and the replay: which sources, with which shares.
 
-A policy spec is a comma-separated list of `source=share` (shares are normalised by the engine), or a preset:
+A policy spec is a comma-separated list of `source=share` (shares are normalised over the sources present,
+as the engine does), or a preset:
 
+    rest    the engine's own policy (`rest_lsp.engine.sources.default_sources`): context, history, the
+            datastore (corpus with the repository attached), recycle, at the engine's DEFAULT_SHARES
     paper   REST as published: the corpus datastore only, n_max 16, the first k=5000 matches in suffix-array
-            order, the 64 heaviest trie nodes (by raw counts). Only the corpus.
-    rest    the engine's full policy as the daemon runs it (rest_lsp/service/backend.py):
-            context 0.5, repository 0.3, corpus 0.2 (sources without a datastore are left out)
+            order, (with a 64-node budget) the 64 heaviest trie nodes by raw counts
     pld     prompt lookup as a tree: the context alone
 
 Sources: context (the prompt + output so far), history (text generated earlier in this process),
-repository (--repo), corpus (--datastore), recycle (the model's own earlier top-k; needs logits, so in the
-replay it sees only the rows of the true path), paper (the corpus, first-k in suffix-array order).
+corpus (the datastore: --datastore, with --repo attached when both are given), repository (--repo alone),
+recycle (the model's own earlier top-k; in the replay it sees only the rows of the true path),
+paper (the corpus, first-k in suffix-array order).
 """
 from __future__ import annotations
 
-import struct
 from typing import Sequence
 
 import numpy as np
 
 PRESETS = {
     "paper": "paper=1",
-    "rest": "context=0.5,repository=0.3,corpus=0.2",
     "pld": "context=1",
 }
+
+
+def rest_preset() -> str:
+    """The engine's default policy as a spec (its order too: the trie breaks ties by insertion order)."""
+    from rest_lsp.engine.sources import DEFAULT_SHARES
+
+    return ",".join(f"{k}={v}" for k, v in DEFAULT_SHARES.items() if v > 0)
 SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper")
 
 
@@ -33,7 +40,7 @@ class PolicyError(ValueError):
 
 def parse_policy(spec: str) -> list[tuple[str, float]]:
     """'context=0.5,corpus=0.2' or a preset name -> [(source, share), ...]."""
-    spec = PRESETS.get(spec, spec)
+    spec = rest_preset() if spec == "rest" else PRESETS.get(spec, spec)
     out = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, share = part.partition("=")
@@ -50,10 +57,12 @@ def parse_policy(spec: str) -> list[tuple[str, float]]:
     return out
 
 
-def build_sources(spec: str, *, corpus=None, repository=None, strict: bool = False):
+def build_sources(spec: str, *, corpus=None, repository=None, store=None, strict: bool = False):
     """[(DraftSource, share)] for a policy, shares normalised over the sources present (as `Engine` does);
     sources whose datastore is missing are skipped (or an error when `strict`; the paper source always
-    needs its corpus, as the paper baseline must not silently become plain decoding)."""
+    needs its corpus, as the paper baseline must not silently become plain decoding). `store`: the
+    datastore the `corpus` source searches (the corpus with the repository attached); default: corpus,
+    else the repository."""
     from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
 
     sources = []
@@ -64,13 +73,17 @@ def build_sources(spec: str, *, corpus=None, repository=None, strict: bool = Fal
             sources.append((HistorySource(), share))
         elif name == "recycle":
             sources.append((RecyclingSource(), share))
-        elif name in ("corpus", "paper"):
+        elif name == "paper":
             if corpus is None:
-                if strict or name == "paper":
-                    raise PolicyError(f"draft source {name!r} needs a corpus datastore (--datastore DIR)")
+                raise PolicyError("draft source 'paper' needs a corpus datastore (--datastore DIR)")
+            sources.append((PaperSource(corpus), share))
+        elif name == "corpus":
+            ds = next((d for d in (store, corpus, repository) if d is not None), None)
+            if ds is None:
+                if strict:
+                    raise PolicyError("draft source 'corpus' needs --datastore DIR or --repo DIR")
                 continue
-            sources.append((PaperSource(corpus) if name == "paper" else DatastoreSource(corpus, name="corpus"),
-                            share))
+            sources.append((DatastoreSource(ds, name="corpus"), share))
         elif name == "repository":
             if repository is None:
                 if strict:
@@ -106,37 +119,37 @@ class PaperSource:
 def first_k_continuations(ds, context: Sequence[int], *, n_max: int, n_min: int, k: int, max_len: int):
     """(match_len, [(continuation, count)]) over the first k occurrences in suffix-array order, or None.
 
-    Uses the datastore's shards directly (`Datastore.search` spreads its sample evenly over all matches,
-    which is the project's fix of exactly this bias)."""
+    `Datastore.search` spreads its sample evenly over all matches (the project's fix of exactly this bias)
+    and has no first-k mode, so this walks the datastore's shards with the same primitives `search` uses
+    (`encode`, `longest`, `count`, `sample`, `continuations`)."""
     shards = ds._snapshot
     ctx = [int(x) for x in list(context[-n_max:])]
     for i in range(len(ctx) - 1, -1, -1):
         if not 0 <= ctx[i] < ds.sentinel:
             ctx = ctx[i + 1:]
             break
-    m = len(ctx)
-    if m < max(1, n_min) or not shards:
+    n_min = max(1, n_min)
+    if len(ctx) < n_min or not shards:
         return None
-    w = ds.width
-    cb = struct.pack(f">{m}{'H' if w == 2 else 'I'}", *ctx)
+    ctx_a = np.asarray(ctx, dtype=np.int64)
     best, hits = 0, []
     for sh in shards:
-        n = sh.longest(cb, max(n_min, best), m)
+        cb = _encode(sh, ctx_a)
+        n = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
         if n == 0:
             continue
         if n > best:
-            best, hits = n, [sh]
+            best, hits = n, [(sh, cb)]
         else:
-            hits.append(sh)
+            hits.append((sh, cb))
     if best == 0:
         return None
-    p = cb[-best * w:]
     acc: dict[tuple[int, ...], int] = {}
     left = k
-    for sh in hits:  # largest shards first (the snapshot's order): "first k" across shards in that order
+    for sh, cb in hits:  # largest shards first (the snapshot's order): "first k" across shards in that order
         if left <= 0:
             break
-        c, lo, hi = sh.count(p)
+        c, lo, hi = sh.count(cb[-best * sh.width:])
         if c <= 0:
             continue
         if hasattr(sh, "sa"):
@@ -152,3 +165,10 @@ def first_k_continuations(ds, context: Sequence[int], *, n_max: int, n_min: int,
                 acc[t] = acc.get(t, 0) + cnt
     conts = sorted(acc.items(), key=lambda kv: (-kv[1], kv[0]))
     return best, [(t, float(c)) for t, c in conts]
+
+
+def _encode(shard, ctx: np.ndarray) -> bytes:
+    """The context as the shard stores tokens (big-endian; ranks for a compacted shard)."""
+    if hasattr(shard, "encode"):
+        return shard.encode(ctx)
+    return ctx.astype(">u2" if shard.width == 2 else ">u4").tobytes()

@@ -11,8 +11,9 @@ and a projected speedup from a cost table c(q):
 Recording runs the model once (greedy, the engine's own verifier, one token per forward) and stores the
 prompt ids, the output ids and the model's top-k after each output token (for the recycling source, which
 in the replay sees only the rows of the true path; a real run also sees the rejected draft rows).
-The draft construction below is the engine's (`Engine._draft`): the same sources, trie mixing, ranking and
-budget rule, so for deterministic sources the replayed steps equal a real run's steps (tests assert it).
+The draft construction is the engine's own `Engine._draft` (called on a model-free shell, `Drafter`), with
+the engine's online acceptance calibration updated after each step as `Engine._record` does, so for
+deterministic sources the replayed steps equal a real run's steps (tests assert it).
 """
 from __future__ import annotations
 
@@ -36,15 +37,30 @@ NOTES_CPU_COST = {"qs": [1, 4, 8, 16, 32, 64], "ms": [293.0, 745.0, 824.0, 1187.
 
 @dataclass
 class Record:
+    """One prompt's greedy run. `output_ids` runs LOOKAHEAD tokens past `max_new_tokens` (unless an end
+    token came first, kept in `end_token`): a real run's last step accepts drafts past the limit before its
+    output is cut, and the engine learns from those too, so the replay needs them to stay exact."""
+
     id: str
     prompt_ids: list[int]
-    output_ids: list[int]
+    output_ids: list[int]  # greedy tokens, end token excluded
     topk: list[list[int]] = field(default_factory=list)  # [len(output), k]: top-k after each output token
     stop_reason: str = "max_tokens"
+    max_new_tokens: int | None = None  # the run's length limit (None: all of output_ids)
+    end_token: int | None = None  # the end token that stopped greedy decoding, if one did
+
+    @property
+    def greedy(self) -> list[int]:
+        """What plain greedy decoding returns for this prompt."""
+        return self.output_ids[: self.max_new_tokens]
 
 
 # ---------------------------------------------------------------------------------------- recording
-def greedy_record(loaded, prompt_ids: Sequence[int], max_new_tokens: int, k: int = 8) -> Record:
+LOOKAHEAD = 16  # more than a draft path's depth (draft_len 10) plus the model's own next token
+
+
+def greedy_record(loaded, prompt_ids: Sequence[int], max_new_tokens: int, k: int = 8,
+                  lookahead: int = LOOKAHEAD) -> Record:
     """Plain greedy decoding through the engine's verifier, keeping the top-k of every output row."""
     import torch
 
@@ -57,16 +73,17 @@ def greedy_record(loaded, prompt_ids: Sequence[int], max_new_tokens: int, k: int
         row = v.forward(torch.tensor(list(prompt_ids)), torch.arange(n), chain_mask(n))[-1]
         out: list[int] = []
         topk: list[list[int]] = []
-        reason = "max_tokens"
-        while len(out) < max_new_tokens:
+        reason, end = "max_tokens", None
+        while len(out) < max_new_tokens + lookahead:
             tok = int(row.argmax())
             if tok in stop:
-                reason = "eos"
+                reason = "eos" if len(out) < max_new_tokens else reason
+                end = tok
                 break
             out.append(tok)
             row = v.forward(torch.tensor([tok]), torch.zeros(1, dtype=torch.long), chain_mask(1))[-1]
             topk.append(row.topk(k).indices.tolist())
-    return Record("", list(prompt_ids), out, topk, reason)
+    return Record("", list(prompt_ids), out, topk, reason, max_new_tokens, end)
 
 
 def record_prompts(loaded, prompts, max_new_tokens: int, path: Path, *, prompts_spec: str, k: int = 8,
@@ -99,7 +116,8 @@ def write_records(path: Path, header: dict, records: Sequence[Record]) -> None:
             f.write(json.dumps(header) + "\n")
             for r in records:
                 f.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
-                                    "topk": r.topk, "stop_reason": r.stop_reason}) + "\n")
+                                    "topk": r.topk, "stop_reason": r.stop_reason,
+                                    "max_new_tokens": r.max_new_tokens, "end_token": r.end_token}) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -119,7 +137,7 @@ def read_records(path: Path) -> tuple[dict, list[Record]]:
     for ln in lines[1:]:
         o = json.loads(ln)
         recs.append(Record(o["id"], o["prompt_ids"], o["output_ids"], o.get("topk") or [],
-                           o.get("stop_reason", "max_tokens")))
+                           o.get("stop_reason", "max_tokens"), o.get("max_new_tokens"), o.get("end_token")))
     return header, recs
 
 
@@ -159,25 +177,33 @@ def cost_model(spec: str | None, header: dict | None = None):
 
 
 # ---------------------------------------------------------------------------------------- replay
-def draft_tree(sources, context: Sequence[int], budget: int | None, cost, *, max_draft_nodes: int = 64,
-               draft_len: int = 10):
-    """The engine's draft for this context: the same steps as `Engine._draft`."""
-    from rest_lsp.engine.cost import best_size
-    from rest_lsp.engine.tree import DraftTree, flatten, rank_nodes
-    from rest_lsp.engine.trie import match_strength, mix
+class Drafter:
+    """The engine's own drafting without a model: an `Engine` shell holding only what `Engine._draft` reads
+    (sources with normalised shares, c(q), the online acceptance calibration, the node and length limits).
+    Calling the engine's method itself keeps the replay in step with the engine as it changes."""
 
-    n = max_draft_nodes if budget is None else budget
-    if not sources or n <= 0:
-        return DraftTree.single(context[-1])
-    proposals = []
-    for source, share in sources:
-        conts = source.propose(context, draft_len)
-        proposals.append((source.name, share, match_strength(getattr(source, "last_match_len", None)), conts))
-    trie = mix(context[-1], proposals)
-    order = rank_nodes(trie, n)
-    if budget is None:
-        order = order[: best_size([min(1.0, trie.nodes[i].mass) for i in order], cost)]
-    return flatten(trie, order)
+    def __init__(self, sources, cost, *, max_draft_nodes: int = 64, draft_len: int = 10):
+        from rest_lsp.engine.cost import Calibration
+        from rest_lsp.engine.generate import Engine
+
+        total = sum(w for _, w in sources) or 1.0
+        e = Engine.__new__(Engine)
+        e.sources = [(src, w / total) for src, w in sources]
+        e.cost = cost
+        e.calibration = Calibration()
+        e.max_draft_nodes = max_draft_nodes
+        e.draft_len = draft_len
+        self.engine = e
+        self.sources = e.sources
+
+    def draft(self, context: Sequence[int], budget: int | None):
+        from rest_lsp.engine.generate import GenerationConfig
+
+        return self.engine._draft(list(context), GenerationConfig(draft_budget=budget))
+
+    def accepted(self, tree, n_accepted: int) -> None:
+        """What the engine learns after a step (`Engine._record`): its estimate against the outcome."""
+        self.engine.calibration.update(sum(tree.probs[1:]), n_accepted)
 
 
 @dataclass
@@ -189,29 +215,38 @@ class Step:
     sources: list[str]  # the source of each accepted node
 
 
-def replay_one(rec: Record, sources, budget: int | None, cost, *, max_draft_nodes: int = 64,
-               draft_len: int = 10) -> list[Step]:
-    """Every decoding step of a greedy speculative run on this record (the prefill not included)."""
-    out = rec.output_ids
-    if not out:
+def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
+    """Every decoding step of a greedy speculative run on this record (the prefill not included).
+
+    Mirrors `Engine._generate`: stop before a step once the output holds the end token or the length
+    limit; a step's emitted tokens are cut at the end token and at the limit (`Step.emitted`), while its
+    accepted count and what the sources and the calibration see are the step's full outcome."""
+    out = list(rec.output_ids) + ([rec.end_token] if rec.end_token is not None else [])
+    limit = rec.max_new_tokens if rec.max_new_tokens is not None else len(rec.output_ids)
+    if not out or limit <= 0:
         return []
+    sources = drafter.sources
     for s, _ in sources:
         if hasattr(s, "begin"):
             s.begin(rec.prompt_ids)
         s.observe([out[0]])
     context = list(rec.prompt_ids) + [out[0]]
-    i = 0  # out[i] is the pending root
+    i = 0  # out[i] is the pending root: i + 1 tokens are out
     steps: list[Step] = []
-    while i < len(out) - 1:
+    while i + 1 < limit and i + 1 < len(out) and out[i] != rec.end_token:
         t0 = time.perf_counter()
-        tree = draft_tree(sources, context, budget, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
+        tree = drafter.draft(context, budget)
         ms = (time.perf_counter() - t0) * 1000
         kids = tree.children()
         path = [0]
         while i + len(path) < len(out) and (c := kids[path[-1]].get(out[i + len(path)])) is not None:
             path.append(c)
         new = out[i + 1: i + len(path) + 1]  # the accepted nodes, then the model's own next token
-        steps.append(Step(len(tree), len(new), len(path) - 1, ms, [tree.sources[c] for c in path[1:]]))
+        kept = new[: max(0, limit - i - 1)]
+        if rec.end_token is not None and rec.end_token in kept:
+            kept = kept[: kept.index(rec.end_token)]
+        steps.append(Step(len(tree), len(kept), len(path) - 1, ms, [tree.sources[c] for c in path[1:]]))
+        drafter.accepted(tree, len(path) - 1)
         listeners = [s for s, _ in sources if hasattr(s, "observe_forward")]
         if listeners and rec.topk:
             rows = [rec.topk[i + d] for d in range(len(path)) if i + d < len(rec.topk)]
@@ -225,16 +260,18 @@ def replay_one(rec: Record, sources, budget: int | None, cost, *, max_draft_node
 
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
-             repository=None, max_draft_nodes: int = 64, draft_len: int = 10) -> dict:
-    """M, tree sizes, projected speedup, histogram and sources for one policy at one budget."""
+             repository=None, store=None, max_draft_nodes: int = 64, draft_len: int = 10) -> dict:
+    """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
+    run in order through one drafter, as prompts through one long-running engine."""
     from .policy import build_sources
 
     t = time.perf_counter()
-    sources = build_sources(policy, corpus=corpus, repository=repository)
+    sources = build_sources(policy, corpus=corpus, repository=repository, store=store)
+    drafter = Drafter(sources, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
     steps: list[Step] = []
     per_prompt = []
     for rec in records:
-        s = replay_one(rec, sources, budget, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
+        s = replay_one(rec, drafter, budget)
         steps += s
         per_prompt.append({"id": rec.id, "steps": len(s), "tokens": sum(x.emitted for x in s),
                            "mean_accepted": (sum(x.emitted for x in s) / len(s)) if s else None})
@@ -253,7 +290,7 @@ def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *
             by_run[x.sources[-1]] = by_run.get(x.sources[-1], 0) + 1
     return {
         "policy": policy,
-        "sources": {s.name: round(w, 4) for s, w in sources},
+        "sources": {s.name: round(w, 4) for s, w in drafter.sources},
         "budget": "auto" if budget is None else budget,
         "steps": len(steps),
         "tokens": tokens,

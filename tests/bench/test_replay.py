@@ -6,7 +6,7 @@ import pytest
 from rest_lsp.bench.cli import replay_main
 from rest_lsp.bench.policy import PolicyError, build_sources, first_k_continuations, parse_policy
 from rest_lsp.bench.prompts import load_prompts
-from rest_lsp.bench.replay import evaluate, greedy_record, read_records, replay_one
+from rest_lsp.bench.replay import LOOKAHEAD, Drafter, evaluate, greedy_record, read_records, replay_one
 from rest_lsp.engine.cost import CostModel
 
 COST = CostModel([1, 2, 4, 8, 16, 64], [10.0, 11.0, 13.0, 20.0, 35.0, 120.0])
@@ -33,31 +33,36 @@ def test_record_is_plain_greedy(tiny_lm, records):
     assert len(rec.topk) == len(rec.output_ids) and all(len(t) == 8 for t in rec.topk)
     # the top-1 after output token i is the next output token
     assert [t[0] for t in rec.topk[:-1]] == rec.output_ids[1:]
+    assert rec.max_new_tokens == 40 and rec.greedy == rec.output_ids[:40]
+    assert len(rec.output_ids) == 40 + LOOKAHEAD or rec.end_token is not None
 
 
 @pytest.mark.parametrize("policy,budget", [("rest", 4), ("rest", None), ("context=1,corpus=1", 16),
-                                           ("paper", 64)])
+                                           ("paper", 64), ("context=0.6,history=0.4", None)])
 def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, budget):
-    """The replayed steps are the steps a real speculative run takes (deterministic sources)."""
+    """The replayed steps are the steps a real speculative run takes (deterministic sources): the records
+    go in order through one engine, and through one drafter, as prompts through a long-running daemon."""
     from indexer.store import Datastore
     from rest_lsp.engine import Engine, GenerationConfig
 
     corpus = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
+    policy_sources = policy if policy != "rest" else "context=0.5,history=0.2,corpus=0.25"  # no recycle:
+    # in a replay it sees only the true path's rows, a real run also the rejected ones
+    drafter = Drafter(build_sources(policy_sources, corpus=corpus), COST)
+    engine = Engine(tiny_lm, build_sources(policy_sources, corpus=corpus), cost=COST,
+                    eos_token_ids=tiny_lm.stop_ids)
     replayed, real, sizes = [], [], []
     for rec in records:
-        steps = replay_one(rec, build_sources(policy, corpus=corpus), budget, COST)
-        engine = Engine(tiny_lm, build_sources(policy, corpus=corpus), cost=COST, eos_token_ids=tiny_lm.stop_ids)
-        res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=len(rec.output_ids),
+        steps = replay_one(rec, drafter, budget)
+        res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=rec.max_new_tokens,
                                                                draft_budget=budget))
-        assert res.tokens == rec.output_ids
-        acc = list(res.accepted[1:])
-        while acc and acc[-1] == 0:  # a final step cut away entirely by a stop rule
-            acc.pop()
-        real.append(acc)
+        assert res.tokens == rec.greedy
+        real.append(list(res.accepted[1:]))
         replayed.append([s.emitted for s in steps])
         assert res.draft_sizes[: len(steps)] == [s.q - 1 for s in steps]
         sizes += res.draft_sizes
     assert replayed == real
+    assert engine.calibration == drafter.engine.calibration
     assert max(sizes) > 0, "the check should cover steps with drafts"
     if policy != "paper":  # the random tiny model never continues like the corpus, but it repeats itself
         assert any(max(r) > 1 for r in real), "the check should cover steps that accept drafts"
@@ -71,11 +76,11 @@ def test_evaluate_reports(records, corpus_dir, tiny_lm):
     assert none["mean_accepted"] == 1.0 and none["mean_tree_nodes"] == 0.0
     assert none["projected_speedup_no_retrieval"] == pytest.approx(1.0)
     r = evaluate(records, "rest", 16, COST, corpus=corpus)
-    assert r["tokens"] == sum(len(x.output_ids) - 1 for x in records)
+    assert r["tokens"] == sum(len(x.greedy) - 1 for x in records)
     assert r["mean_accepted"] == pytest.approx(r["tokens"] / r["steps"])
     assert sum(r["accepted_histogram"].values()) == r["steps"]
     assert sum(int(k) * v for k, v in r["accepted_histogram"].items()) == sum(r["accepted_tokens_by_source"].values())
-    assert set(r["accepted_tokens_by_source"]) <= {"context", "corpus"}
+    assert set(r["accepted_tokens_by_source"]) <= {"context", "history", "corpus", "recycle"}
     assert r["mean_accepted"] > 1.0
     # projected speedup uses c(q): more tokens per step, each step costing c(q)
     assert r["projected_speedup_no_retrieval"] > 0
@@ -89,34 +94,40 @@ def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
 
     ds = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
     (sh,) = ds._snapshot
-    tok = np.asarray(sh.tok, dtype=np.int64)[: sh.n]
+    stored = np.asarray(sh.tok, dtype=np.int64)[: sh.n]  # as stored (ids, or ranks when compacted)
     context = tiny_lm.tokenizer.encode("        if ", add_special_tokens=False)
     n, conts = first_k_continuations(ds, context, n_max=16, n_min=1, k=5, max_len=3)
-    pat = context[-n:]
-    hits = [i for i in range(len(tok) - n) if tok[i:i + n].tolist() == pat]
+    encoded = sh.encode(np.asarray(context, dtype=np.int64))
+    pat = np.frombuffer(encoded, dtype=">u2" if sh.width == 2 else ">u4").astype(np.int64)[-n:].tolist()
+    hits = [i for i in range(len(stored) - n) if stored[i:i + n].tolist() == pat]
     assert len(hits) > 5  # the sample is a real subset
-    first = sorted(hits, key=lambda i: tok[i:i + 64].tolist())[:5]
+    first = sorted(hits, key=lambda i: stored[i:i + 64].tolist())[:5]  # suffix-array order
+    alpha = getattr(sh, "alpha", None)
     expect = {}
     for i in first:
         c = []
-        for t in tok[i + n:i + n + 3].tolist():
+        for t in stored[i + n:i + n + 3].tolist():
             if t == sh.sentinel:
                 break
-            c.append(t)
+            c.append(int(alpha[t]) if alpha is not None else t)
         if c:
             expect[tuple(c)] = expect.get(tuple(c), 0) + 1
     assert dict((t, int(w)) for t, w in conts) == expect
+    assert ds.search(context, n_max=16, n_min=1, k=5, max_len=3).match_len == n  # the same match as search
 
 
 def test_policy_parsing():
-    assert parse_policy("rest") == [("context", 0.5), ("repository", 0.3), ("corpus", 0.2)]
+    from rest_lsp.engine.sources import DEFAULT_SHARES
+
+    assert parse_policy("rest") == [(k, v) for k, v in DEFAULT_SHARES.items() if v > 0]
     assert parse_policy("context,recycle=2") == [("context", 1.0), ("recycle", 2.0)]
     for bad in ("nope=1", "context=x", "context=0"):
         with pytest.raises(PolicyError):
             parse_policy(bad)
     with pytest.raises(PolicyError, match="needs a corpus"):
         build_sources("paper")
-    assert [s.name for s, _ in build_sources("rest")] == ["context"]  # no datastores: context alone
+    assert "corpus" not in [s.name for s, _ in build_sources("rest")]  # no datastore: no corpus source
+    assert abs(sum(w for _, w in build_sources("rest")) - 1.0) < 1e-9
 
 
 def test_replay_cli_records_once(tiny_dir, prompts_file, corpus_dir, tmp_path, monkeypatch, capsys):
@@ -156,3 +167,27 @@ def test_replay_default_record_in_cache(tiny_dir, prompts_file, tmp_path, monkey
 
     monkeypatch.setattr(host, "load_model", lambda *a, **k: pytest.fail("the cached record should be reused"))
     assert replay_main(argv) == 0
+
+
+def test_replay_exact_when_an_end_token_stops_the_run(tiny_lm, records, corpus_dir):
+    """A token of the greedy output made an end token: both runs stop there, the last step is cut alike."""
+    import dataclasses
+
+    from rest_lsp.engine import Engine, GenerationConfig
+
+    rec0 = records[0]
+    end = rec0.output_ids[20]
+    lm = dataclasses.replace(tiny_lm, stop_ids=[end])
+    rec = greedy_record(lm, rec0.prompt_ids, 40)
+    assert rec.end_token == end and rec.stop_reason == "eos" and len(rec.output_ids) <= 20
+    spec = "context=0.7,history=0.3"
+    drafter = Drafter(build_sources(spec), COST)
+    engine = Engine(lm, build_sources(spec), cost=COST, eos_token_ids=[end])
+    for _ in range(2):  # the second time the history source knows the whole output
+        steps = replay_one(rec, drafter, None)
+        res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=40))
+        assert res.tokens == rec.greedy and res.stop_reason == "eos"
+        assert [s.emitted for s in steps] == res.accepted[1:]
+        assert [s.q - 1 for s in steps] == res.draft_sizes
+    assert engine.calibration == drafter.engine.calibration
+    assert max(res.accepted) > 1
