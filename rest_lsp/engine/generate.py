@@ -110,6 +110,7 @@ class Engine:
 
     def _generate(self, prompt: list[int], config: GenerationConfig, should_stop) -> GenerationResult:
         start = time.perf_counter()
+        _check_config(config)
         prompt = self._fit_context(prompt, config.max_new_tokens)
         rng = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         if config.draft_budget is None and self.sources:
@@ -146,6 +147,11 @@ class Engine:
         res.decode_s = time.perf_counter() - start - prefill_s
         return res
 
+    def draft(self, context: Sequence[int], config: GenerationConfig | None = None) -> DraftTree:
+        """The tree a step would verify after `context` (its last token decided, not yet verified): for
+        offline replay of draft policies. Reads only the sources, cost, calibration and draft limits."""
+        return self._draft(list(context), config or GenerationConfig())
+
     # ---- the pieces -----------------------------------------------------------------------------
 
     @property
@@ -154,6 +160,10 @@ class Engine:
 
     def _fit_context(self, prompt: list[int], max_new: int) -> list[int]:
         """Drop from the left so that prompt + new tokens (+ a full draft) fit the model's positions."""
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
         if not prompt:
             bos = getattr(self.tokenizer, "bos_token_id", None) if self.tokenizer is not None else None
             if bos is None:
@@ -268,6 +278,13 @@ class Engine:
             elif isinstance(src, (list, tuple)):
                 ids.update(int(i) for i in src)
         return sorted(ids)
+
+
+def _check_config(config: GenerationConfig) -> None:
+    if config.temperature < 0 or not 0 < config.top_p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {config.temperature}, {config.top_p}")
+    if config.draft_budget is not None and config.draft_budget < 0:
+        raise ValueError(f"draft_budget must be >= 0 or None, got {config.draft_budget}")
 
 
 def _trim_accepted(accepted: list[int], excess: int) -> None:

@@ -101,9 +101,27 @@ def test_long_prompt_is_cut_from_the_left():
     assert res.prompt_tokens < 512 - 8 and res.tokens == plain_greedy(model, kept, 8)
 
 
-def test_empty_prompt_without_bos_is_a_clear_error():
+def test_bad_input_is_a_clear_error_and_the_engine_stays_usable():
+    model = tiny_model()
+    engine = Engine(model, eos_token_ids=[])
     with pytest.raises(ValueError, match="empty prompt"):
-        Engine(tiny_model(), eos_token_ids=[]).generate([], GenerationConfig(max_new_tokens=4))
+        engine.generate([], GenerationConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([1, 2, VOCAB + 5], GenerationConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate([1, 2], GenerationConfig(temperature=0.5, top_p=0.0))
+    prompt = random_prompt(9, 10)
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=6)).tokens == plain_greedy(model, prompt, 6)
+
+
+def test_zero_new_tokens_only_prefills():
+    model = tiny_model()
+    engine = Engine(model, eos_token_ids=[])
+    prompt = random_prompt(10, 15)
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=0))
+    assert res.tokens == [] and res.stop_reason == "max_tokens"
+    res = engine.generate(prompt + [3], GenerationConfig(max_new_tokens=5))  # the warmed prompt is reused
+    assert res.reused_tokens == 15 and res.tokens == plain_greedy(model, prompt + [3], 5)
 
 
 def test_failed_forward_leaves_no_stale_cache():
