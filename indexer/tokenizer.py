@@ -33,7 +33,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     """
     from tokenizers import Tokenizer
 
-    if name_or_path is None or str(name_or_path) in (EMBEDDED_NAME, "embedded", "default"):
+    if name_or_path is None or str(name_or_path).strip() in ("", EMBEDDED_NAME, "embedded", "default"):
         try:
             from . import embedded
         except ImportError as e:  # pragma: no cover - depends on the model host's part
