@@ -189,7 +189,11 @@ local function on_reply(bufnr, st, seq, err, result, want_index)
   end
   st.pending = nil
   M.counters.replies = M.counters.replies + 1
-  if err or not result or not api.nvim_buf_is_valid(bufnr) then
+  if err then
+    M.last_error = err.message or vim.inspect(err)
+    return
+  end
+  if not result or not api.nvim_buf_is_valid(bufnr) then
     return
   end
   local row, col = cursor()

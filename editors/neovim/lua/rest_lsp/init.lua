@@ -214,6 +214,9 @@ function M.show_stats()
       local c = ghost.counters
       table.insert(lines, string.format('neovim client: %d requests, %d replies, %d stale dropped, %d shown, %d accepted',
         c.requests, c.replies, c.stale, c.shown, c.accepted))
+      if ghost.last_error then
+        table.insert(lines, 'last error: ' .. ghost.last_error)
+      end
     end
     vim.cmd('botright new')
     local buf = api.nvim_get_current_buf()
