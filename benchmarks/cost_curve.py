@@ -88,6 +88,26 @@ def profile_forward(verifier, vocab: int, q: int, past: int, top: int = 20) -> l
     return rows
 
 
+PLAIN_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+@torch.inference_mode()
+def plain_decoding(verifier, prompt_ids: list[int], n: int, clock=time.perf_counter) -> tuple[list[int], float]:
+    """Greedy plain decoding (one token per forward): the tokens and the median ms per token."""
+    verifier.truncate(0)
+    p = len(prompt_ids)
+    logits = verifier.forward(torch.tensor(prompt_ids), torch.arange(p), torch.ones(p, p, dtype=torch.bool).tril_())
+    out = [int(logits[-1].argmax())]
+    one, zero = torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+    times = []
+    while len(out) < n:
+        t = clock()
+        logits = verifier.forward(torch.tensor(out[-1:]), zero, one)
+        out.append(int(logits[-1].argmax()))
+        times.append((clock() - t) * 1e3)
+    return out, statistics.median(times)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model spec for load_model (default: the embedded model)")
@@ -103,6 +123,9 @@ def main(argv=None) -> None:
                    help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     p.add_argument("--buckets", default=None, help="compiled kind: comma list of q buckets (default 1,2,4,8,16)")
     p.add_argument("--mode", default="max-autotune", help="compiled kind: torch.compile mode")
+    p.add_argument("--min-rows", type=int, default=None, help="packed/screened kinds: pad products to this many rows")
+    p.add_argument("--plain", type=int, default=0, metavar="N",
+                   help="also decode N tokens greedily one at a time per kind (ms/token; same tokens?)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     if args.threads:
@@ -124,6 +147,8 @@ def main(argv=None) -> None:
     for kind in args.kinds.split(","):
         t = time.perf_counter()
         extra = {}
+        if args.min_rows and kind in ("packed", "screened", "auto"):
+            extra["min_rows"] = args.min_rows
         if kind == "compiled":
             extra["mode"] = args.mode
             if args.buckets:
@@ -139,6 +164,10 @@ def main(argv=None) -> None:
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
         ms = cost_curve(verifier, vocab, qs, args.past, repeats, clock)
         entry = {"setup_s": setup, "compile_s": warm, "ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+        if args.plain:
+            tokens, per_token = plain_decoding(verifier, loaded.tokenizer.encode(PLAIN_PROMPT), args.plain, clock)
+            entry["plain_ms_per_token"], entry["plain_tokens"] = per_token, tokens
+            print(f"  plain decoding: {per_token:.1f} ms/token over {args.plain} tokens", flush=True)
         if args.profile:
             entry["profile"] = profile_forward(verifier, vocab, args.profile, args.past)
         report["kinds"][kind] = entry
@@ -152,6 +181,13 @@ def main(argv=None) -> None:
     for q in qs:
         cells = [f"{report['kinds'][k]['ms'][q]:.0f} ({report['kinds'][k]['ratio'][q]:.2f})" for k in kinds]
         print(f"| {q} | " + " | ".join(cells) + " |")
+    if args.plain:
+        first = report["kinds"][kinds[0]]["plain_tokens"]
+        print(f"\nplain decoding of {args.plain} tokens, ms/token: "
+              + ", ".join(f"{k} {report['kinds'][k]['plain_ms_per_token']:.0f}" for k in kinds)
+              + "; same tokens as " + kinds[0] + ": "
+              + ", ".join(f"{k} {report['kinds'][k]['plain_tokens'] == first}" for k in kinds[1:]))
+        print("text:", repr(loaded.tokenizer.decode(first)))
     for k in kinds:
         for row in report["kinds"][k].get("profile", []):
             if row is report["kinds"][k]["profile"][0]:

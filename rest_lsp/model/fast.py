@@ -1,24 +1,27 @@
 """A faster CPU verifier: a static KV cache and prepacked weights, optionally compiled by inductor.
 
 Why: on a CPU the cost of verifying q tokens at once, c(q), decides whether speculation pays. Eager
-transformers re-packs every weight matrix inside each small-M matrix product (MKL/oneDNN pack B per
-call), so c(4) costs 2.5x c(1) on the 2-core development machine although one pass over the weights could
-serve several rows. Here each Linear is reordered once into oneDNN's blocked layout
-(`torch.ops.mkldnn._reorder_linear_weight`, the same prepacking inductor's `freezing` applies), q/k/v and
-gate/up are fused into one product each, and the KV cache is a preallocated tensor, so one forward is a
-pass over the weights plus a little attention.
+transformers hands every small-M matrix product to MKL/oneDNN with a plain weight, which is repacked on
+every call, so in eager fp32 c(8) costs about 2-3x c(1) although one pass over the weights could serve
+several rows. Here each Linear is reordered once into oneDNN's blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the prepacking inductor's `freezing` applies), q/k/v and
+gate/up are fused into one product each, and the KV cache is one preallocated tensor, so a forward is one
+pass over the weights plus a little attention, and c(8) stays near c(1) (figures: docs/cpu.md).
 
-    make_verifier(loaded, kind="auto" | "eager" | "packed" | "compiled", max_len=4096) -> Verifier
+    make_verifier(loaded, kind="auto", max_len=4096) -> Verifier
 
 kinds
     eager     rest_lsp.engine.verifier.HFVerifier: transformers' own forward (any architecture)
-    packed    this module's forward with oneDNN-prepacked weights; no compile, ready in ~2 s
-    compiled  the same forward under torch.compile(inductor, freezing, max-autotune) per q bucket
-              (1, 2, 4, 8, 16; larger q run the packed eager path); minutes of warm-up per process
-    auto      packed where supported (Qwen2/Llama families, fp32 or bf16 on CPU), else eager
+    packed    this module's forward with oneDNN-prepacked weights, full fp32 logits; ready in seconds
+    screened  packed, with the output projection screened in bf16: argmax(-1) exact (a proven bound, see
+              ScreenedHead), other logits approximate; needs native bf16 dot products to pay
+    compiled  the same forward under torch.compile (inductor, freezing, max-autotune CPU GEMM templates)
+              per q bucket (1, 2, 4, 8, 16; other q run the packed path); many minutes of compiling
+    auto      screened where the CPU has native bf16 dot products, else packed; eager where the model is
+              not supported (architecture other than Qwen2/Llama, int8 dynamic quantization, not on a CPU)
 
-Every kind computes the same model at the same precision; the engine's greedy output with any of them is
-the greedy output of plain decoding with that same verifier (tests/model/test_fast.py).
+Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
+exactly what plain decoding with that same verifier emits (tests/model/test_fast.py).
 """
 from __future__ import annotations
 
@@ -33,6 +36,14 @@ import torch.nn.functional as F
 KINDS = ("auto", "eager", "packed", "screened", "compiled")
 SUPPORTED_ARCHS = ("qwen2", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
+# oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
+# development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
+# products with fewer rows are padded with zero rows to this many (docs/cpu.md)
+MIN_ROWS = 4
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return x if x.shape[0] >= rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
 class UnsupportedModel(ValueError):
@@ -67,10 +78,11 @@ class Dense(torch.nn.Module):
     """y = x @ w.T + b over a weight reordered once into oneDNN's blocked layout (packed=True), or plain
     (packed=False: what torch.compile sees, so that inductor's freezing does its own prepacking)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool, min_rows: int = 1):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = packed
+        self.min_rows = min_rows
         w = weight.detach().contiguous()
         if packed:
             # the batch-size hint only tunes the reorder; the packed weight serves every M
@@ -80,7 +92,9 @@ class Dense(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [M, in] -> [M, out]
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            m = x.shape[0]
+            y = torch.ops.mkldnn._linear_pointwise(pad_rows(x, self.min_rows), self.weight, self.bias, "none", [], "")
+            return y[:m]
         return F.linear(x, self.weight, self.bias)
 
 
@@ -93,15 +107,15 @@ def _cat_bias(*mods) -> torch.Tensor | None:
 
 
 class Layer(torch.nn.Module):
-    def __init__(self, hf_layer: Any, packed: bool):
+    def __init__(self, hf_layer: Any, packed: bool, min_rows: int):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
         self.qkv = Dense(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                         _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed)
-        self.o = Dense(a.o_proj.weight, a.o_proj.bias, packed)
+                         _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed, min_rows)
+        self.o = Dense(a.o_proj.weight, a.o_proj.bias, packed, min_rows)
         self.gate_up = Dense(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                             _cat_bias(m.gate_proj, m.up_proj), packed)
-        self.down = Dense(m.down_proj.weight, m.down_proj.bias, packed)
+                             _cat_bias(m.gate_proj, m.up_proj), packed, min_rows)
+        self.down = Dense(m.down_proj.weight, m.down_proj.bias, packed, min_rows)
         self.in_norm = hf_layer.input_layernorm.weight.detach()
         self.post_norm = hf_layer.post_attention_layernorm.weight.detach()
 
@@ -145,8 +159,9 @@ class ScreenedHead(torch.nn.Module):
     every candidate's value. Other values are the bf16 approximations: good for drafting, not for sampling.
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, min_rows: int = 1):
         super().__init__()
+        self.min_rows = min_rows
         w = weight.detach().float()
         k = w.shape[1]
         u = 2.0 ** -8
@@ -164,8 +179,9 @@ class ScreenedHead(torch.nn.Module):
         self.last_candidates = 0  # candidates in the last call (for benchmarks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] fp32 -> logits [M, V] fp32
-        approx = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed_bf16, None, "none",
-                                                    [], "").float()  # [M, V]
+        xb = pad_rows(x.to(torch.bfloat16), self.min_rows)
+        approx = torch.ops.mkldnn._linear_pointwise(xb, self.packed_bf16, None, "none", [], "")
+        approx = approx[: x.shape[0]].float()  # [M, V]
         bound = x.norm(dim=1, keepdim=True) * self.coef + self.out_round * approx.abs() + 1e-5  # [M, V]
         lowest_winner = (approx - bound).amax(dim=1, keepdim=True)  # [M, 1]
         rows, cols = ((approx + bound) >= lowest_winner).nonzero(as_tuple=True)  # candidates
@@ -183,7 +199,7 @@ class StaticLM(torch.nn.Module):
     `start .. start+q-1` and attends over the first `span` slots under `mask` [q, span]; the eager path
     passes span = start + q, the compiled path span = max_len (static shapes, masked)."""
 
-    def __init__(self, model: Any, max_len: int, packed: bool, screen: bool = False):
+    def __init__(self, model: Any, max_len: int, packed: bool, screen: bool = False, min_rows: int = 1):
         super().__init__()
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
@@ -193,13 +209,13 @@ class StaticLM(torch.nn.Module):
         self.max_len = max_len
         self.dtype = model.model.embed_tokens.weight.dtype
         self.embed = model.model.embed_tokens.weight.detach()  # shared with the HF model, no copy
-        self.layers = torch.nn.ModuleList(Layer(l, packed) for l in model.model.layers)
+        self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
         self.norm = model.model.norm.weight.detach()
         head = model.get_output_embeddings()
         if screen and getattr(head, "bias", None) is None and head.weight.dtype == torch.float32:
-            self.head: torch.nn.Module = ScreenedHead(head.weight)
+            self.head: torch.nn.Module = ScreenedHead(head.weight, min_rows)
         else:
-            self.head = Dense(head.weight, getattr(head, "bias", None), packed)
+            self.head = Dense(head.weight, getattr(head, "bias", None), packed, min_rows)
         self.vocab_size = head.weight.shape[0]
         # rotary tables from the model's own rotary module: covers rope scaling variants and attention_scaling
         with torch.no_grad():
@@ -249,7 +265,7 @@ class FastVerifier:
     the logits to some rows (e.g. the last row of a prefill), which skips most of the output projection."""
 
     def __init__(self, model: Any, *, max_len: int = 4096, screen: bool = False, compiled: bool = False,
-                 buckets: Sequence[int] = COMPILE_BUCKETS, mode: str = "max-autotune"):
+                 buckets: Sequence[int] = COMPILE_BUCKETS, mode: str = "max-autotune", min_rows: int = MIN_ROWS):
         _check_supported(model)
         if not packing_available():
             raise UnsupportedModel("fast verifier: this torch build has no oneDNN (mkldnn) linear prepacking")
@@ -261,7 +277,7 @@ class FastVerifier:
         self.max_positions = max_pos
         if screen and compiled:
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
-        self.lm = StaticLM(model, max_len, packed=True, screen=screen).eval()
+        self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
         self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
         self.cache = self.lm.new_cache()
@@ -353,6 +369,10 @@ class FastVerifier:
     def _compile(self, bucket: int):
         import torch._inductor.config as inductor_config
 
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # keep compiled graphs with rest-lsp's other caches
+            from indexer.embedded import cache_root
+
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
         # freezing: weights become constants that inductor prepacks (and, with max-autotune, feeds to its
         # CPU GEMM templates); the FX graph cache keeps compiled graphs on disk for the next process
         inductor_config.freezing = True

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from rest_lsp.engine.verifier import HFVerifier, chain_mask
+from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import FastVerifier, ScreenedHead, UnsupportedModel, make_verifier
 
 VOCAB = 96
@@ -97,6 +97,7 @@ def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None =
 def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
     model = tiny(kind)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=128)
+    assert isinstance(fast, Verifier)
     x = prompt(0, 23)
     torch.testing.assert_close(fast.forward(x, torch.arange(23), chain_mask(23)),
                                hf.forward(x, torch.arange(23), chain_mask(23)), atol=1e-4, rtol=1e-4)
