@@ -219,3 +219,32 @@ def test_bounded_queue_drops_the_oldest():
     assert [j.future.result(5) for j in jobs[1:]] == ["done", "done"]
     assert blocker.future.result(5) is True
     w.close()
+
+
+async def test_request_log_writes_one_json_line_per_request(tmp_path):
+    import json
+
+    log = tmp_path / "requests.jsonl"
+    svc = make_service(SlowBackend(step_s=0.0, text="pass"), max_tokens=10, request_log=str(log))
+    try:
+        await svc.complete(CompletionRequest("file:///e.py", "def f():\n    \n", 1, 4))
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        assert len(rows) == 1 and rows[0]["outcome"] == "completed" and rows[0]["mode"] == "multi"
+    finally:
+        svc.close()
+
+
+def test_documented_options_match_the_defaults():
+    """docs/daemon.md's configuration table lists every option with its real default."""
+    import json
+    from pathlib import Path
+
+    from rest_lsp.service.config import describe
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "daemon.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) > 3 and parts[1].startswith("`") and parts[2].startswith("`"):
+            rows[parts[1].strip("`")] = json.loads(parts[2].strip("`"))
+    assert rows == {name: default for name, default in describe()}
