@@ -11,6 +11,12 @@ local model = vim.env.REST_LSP_MODEL
 local cmd = vim.env.REST_LSP_CMD and vim.split(vim.env.REST_LSP_CMD, ' ', { trimempty = true }) or nil
 require('rest_lsp').setup({
   cmd = cmd,
-  init_options = { model = (model and model ~= '') and model or vim.NIL, maxTokens = 48, maxLines = 4 },
+  init_options = {
+    model = (model and model ~= '') and model or vim.NIL, -- nil: the embedded Qwen2.5-Coder-0.5B
+    maxTokens = 48,
+    maxLines = 4,
+    -- a CPU shared with other work needs more than the server's default 1.5 s for a multi-line suggestion
+    timeBudgetMs = tonumber(vim.env.REST_LSP_TIME_BUDGET_MS or '') or 10000,
+  },
 })
 vim.cmd('highlight RestLspGhost ctermfg=244 guifg=#808080')
