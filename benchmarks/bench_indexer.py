@@ -18,8 +18,6 @@ import json
 import os
 import random
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
