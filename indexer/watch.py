@@ -55,12 +55,8 @@ class Watcher:
                             continue
                         watcher._add(p)
 
-        self._observer = Observer()
-        for r in self.roots:
-            if r.is_dir():
-                self._observer.schedule(Handler(), str(r), recursive=True)
-            elif r.exists():
-                self._observer.schedule(Handler(), str(r.parent), recursive=False)
+        self._handler_cls = Handler
+        self._observer = self._schedule(Observer())
         self._thread = threading.Thread(target=self._run, name="rest-index-watch", daemon=True)
 
     def _add(self, path: str) -> None:
@@ -75,8 +71,23 @@ class Watcher:
             self._last = now
             self._cv.notify()
 
+    def _schedule(self, observer):
+        for r in self.roots:
+            if r.is_dir():
+                observer.schedule(self._handler_cls(), str(r), recursive=True)
+            elif r.exists():
+                observer.schedule(self._handler_cls(), str(r.parent), recursive=False)
+        return observer
+
     def start(self) -> "Watcher":
-        self._observer.start()
+        try:
+            self._observer.start()
+        except OSError as e:  # e.g. inotify's max_user_watches exhausted by a huge tree: poll instead
+            from watchdog.observers.polling import PollingObserver
+
+            log.warning("native file watching failed (%s); polling every second instead", e)
+            self._observer = self._schedule(PollingObserver(timeout=1.0))
+            self._observer.start()
         self._thread.start()
         return self
 

@@ -73,3 +73,21 @@ def test_open_or_build_syncs_changes_made_while_not_watching(tmp_path, bpe_tok_p
     assert list(ds.documents) == [str(tmp_path / "r" / "b.py")]
     ds2 = open_or_build([tmp_path / "r", tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
     assert list(ds2.documents) == [str(tmp_path / "r" / "b.py")]
+
+
+def test_falls_back_to_polling_when_native_watching_fails(tmp_path, bpe_tok_path, monkeypatch):
+    write_files(tmp_path / "r", {"a.py": "alpha = 1\n"})
+    ds = Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
+    w = Watcher(ds, debounce_s=0.2)
+
+    def no_watches():
+        raise OSError(28, "inotify watch limit reached")
+
+    monkeypatch.setattr(w._observer, "start", no_watches)
+    w.start()
+    try:
+        assert type(w._observer).__name__ == "PollingObserver"
+        (tmp_path / "r" / "b.py").write_text("polled_value = 2\n")
+        assert _wait_for(lambda: str(tmp_path / "r" / "b.py") in ds.documents, timeout=15)
+    finally:
+        w.stop()
