@@ -196,3 +196,18 @@ def test_rebuild_replaces_the_previous_store(tmp_path, bpe_tok_path):
     ds = Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
     assert ds.stats()["documents"] == 2
     assert len(list((tmp_path / "ds" / "shards").iterdir())) == 2
+
+
+def test_a_transformers_style_tokenizer_object_is_checked_and_used(tmp_path, bpe_tok_path, wide_tok_path):
+    """The daemon holds a transformers fast tokenizer: its backend's vocabulary is what gets compared."""
+    from types import SimpleNamespace
+
+    write_files(tmp_path / "r", {"a.py": "alpha beta gamma\n"})
+    Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
+    hf_like = SimpleNamespace(backend_tokenizer=load_tokenizer(bpe_tok_path), name_or_path="some/model")
+    ds = Datastore.open(tmp_path / "ds", tokenizer=hf_like)
+    (tmp_path / "r" / "b.py").write_text("delta epsilon\n")
+    assert ds.update_paths([tmp_path / "r" / "b.py"])["added"] == 1  # tokenized through the object
+    other = SimpleNamespace(backend_tokenizer=load_tokenizer(wide_tok_path), name_or_path="other/model")
+    with pytest.raises(TokenizerMismatch, match="other/model"):
+        Datastore.open(tmp_path / "ds", tokenizer=other)
