@@ -55,8 +55,8 @@ def test_watch_follows_saves_deletes_renames_and_moved_folders(watched):
     assert _found(ds, "beta = 2")
 
     (root / "moved" / "c.py").unlink()
-    assert _wait_for(lambda: not _found(ds, "beta = 2"))
-    assert sorted(ds.documents) == [str(root / "a.py")]
+    assert _wait_for(lambda: not _found(ds, "beta = 2"))  # searchable first, in memory
+    assert _wait_for(lambda: sorted(ds.documents) == [str(root / "a.py")])  # then committed
     # the watcher applied batches (not one update per event) and each within a fraction of a second
     assert updates and max(u["latency_s"] for u in updates) < 5
     # and what it wrote reopens from disk with the same answers
