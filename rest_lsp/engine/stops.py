@@ -78,13 +78,15 @@ class StopChecker:
         if len(tokens) >= cfg.max_new_tokens:
             tokens, reason = tokens[: cfg.max_new_tokens], "max_tokens"
         text = self._decode(tokens)
-        for rule, cut in (
-            ("max_lines", lines_cut(text, cfg.max_lines) if cfg.max_lines is not None else None),
-            ("stop_text", suffix_cut(text, cfg.stop_text) if cfg.stop_text else None),
-        ):
-            if cut is not None and cut <= len(text):
-                text, reason = text[:cut], rule
-                tokens = tokens[: self._covering(tokens, cut)]
+        if cfg.stop_text:  # before max_lines, which would remove the newline that completes the line
+            final = "\n" if reason == "eos" else ""  # the output is over: its last line is complete
+            cut = suffix_cut(text + final, cfg.stop_text)
+            if cut is not None:
+                text, reason = text[: min(cut, len(text))], "stop_text"
+                tokens = tokens[: self._covering(tokens, len(text))]
+        if cfg.max_lines is not None and (cut := lines_cut(text, cfg.max_lines)) is not None:
+            text, reason = text[:cut], "max_lines"
+            tokens = tokens[: self._covering(tokens, cut)]
         self.final_tokens, self.final_text = list(tokens), text
         if reason is None and cfg.time_budget_s is not None and time.perf_counter() - self.start >= cfg.time_budget_s:
             reason = "time"

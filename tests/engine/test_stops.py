@@ -106,3 +106,22 @@ def test_time_budget_and_cancellation():
 def test_text_rules_need_a_tokenizer():
     with pytest.raises(ValueError, match="tokenizer"):
         Engine(tiny_model(), eos_token_ids=[]).generate([1, 2], GenerationConfig(max_lines=1))
+
+
+def test_stop_text_with_max_lines_and_at_the_end_of_sequence():
+    model, engine = _engine(4)
+    prompt = random_prompt(4, 8)
+    ref = plain_greedy(model, prompt, 60)
+    text = CharTokenizer().decode(ref)
+    first = text.split("\n")[0]
+    assert len(first) >= 3 and "\n" in text
+    # the cursor sits before the last 2 characters of the line the model writes: the suffix holds them
+    suffix = first[-2:] + "\nrest of file"
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=60, max_lines=1, stop_text=suffix))
+    assert res.stop_reason == "stop_text" and res.text == first[:-2]
+    # the model ends (eos) right after repeating the suffix's text: the last line counts as complete
+    nl = text.index("\n")
+    eos_engine = Engine(engine.model, eos_token_ids=[ref[nl]])
+    eos_engine.tokenizer = CharTokenizer()
+    res = eos_engine.generate(prompt, GenerationConfig(max_new_tokens=60, stop_text=first[-2:]))
+    assert res.stop_reason == "stop_text" and res.text == first[:-2]
