@@ -21,13 +21,14 @@ CALC_LINES = CALC.split("\n")[:-1]
 BLOCK = (6, 4)   # 1-based line, byte column at the end of "    " inside mul(): an empty block line
 
 SETUP = """
-local plugin, cmd, model, cache = ...
+local plugin, cmd, model, cache, native = ...
 vim.opt.runtimepath:prepend(plugin)
 vim.o.swapfile = false
 require('rest_lsp').setup({
   cmd = cmd,
   init_options = { model = model, maxTokens = 12, timeBudgetMs = 30000, cacheDir = cache },
   debounce_ms = 30,
+  native = native,
 })
 """
 
@@ -69,9 +70,15 @@ def apply_item(lines: list[str], item: dict, cursor: tuple[int, int]) -> tuple[l
     return new.split("\n"), (len(before), len(before[-1].encode()))
 
 
-@pytest.fixture(scope="module", params=neovims(), ids=lambda p: "nvim-%d.%d" % version(p))
-def session(request, tiny_model, tmp_path_factory):
-    nvim_bin = request.param
+def native_neovims() -> list[str]:
+    return [n for n in neovims() if version(n) >= (0, 12)]
+
+
+def nvim_id(nvim: str) -> str:
+    return "nvim-%d.%d" % version(nvim)
+
+
+def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nvim")
     ws = tmp / "ws"
     ws.mkdir()
@@ -80,18 +87,31 @@ def session(request, tiny_model, tmp_path_factory):
     (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
     nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=server_env(tmp), cwd=str(ws))
     try:
-        nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"))
+        nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"), native)
         nv.command("edit calc.py")
         nv.wait_for("require('rest_lsp').client() ~= nil", timeout=30, what="the client to attach")
         nv.wait_for("(require('rest_lsp').client().server_capabilities or {}).inlineCompletionProvider ~= nil",
                     timeout=120, what="the server to initialize")
         nv.ver = version(nvim_bin)
-        nv.native = nv.lua("return vim.lsp.inline_completion ~= nil")
+        nv.native = native
+        assert not native or nv.lua("return vim.lsp.inline_completion ~= nil")
         nv.ns = nv.lua("return vim.api.nvim_get_namespaces()[...]",
                        "nvim.lsp.inline_completion" if nv.native else "rest_lsp_ghost")
         yield nv
     finally:
         nv.close()
+
+
+@pytest.fixture(scope="module", params=neovims(), ids=nvim_id)
+def session(request, tiny_model, tmp_path_factory):
+    """The plugin's own inline completion (0.7-0.11; on 0.12+ with `native = false`)."""
+    yield from start_session(request.param, False, tiny_model, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=native_neovims(), ids=nvim_id)
+def native_session(request, tiny_model, tmp_path_factory):
+    """Neovim 0.12+'s own vim.lsp.inline_completion, enabled by the plugin."""
+    yield from start_session(request.param, True, tiny_model, tmp_path_factory)
 
 
 def restart_insert(nv: Nvim, line: int = BLOCK[0]) -> None:
@@ -116,14 +136,8 @@ def wait_suggestion(nv: Nvim, *, after_seq: int = 0, col: int | None = None, tim
     return state(nv)
 
 
-def legacy_only(nv: Nvim) -> None:
-    if nv.native:
-        pytest.skip("Neovim %d.%d uses the native inline completion" % nv.ver)
-
-
 def test_ghost_text_appears_at_the_cursor(session):
     nv = session
-    legacy_only(nv)
     restart_insert(nv)
     s = wait_suggestion(nv)
     cur = s["cur"]
@@ -147,7 +161,6 @@ def test_ghost_text_appears_at_the_cursor(session):
 
 def test_accepting_inserts_exactly_the_suggested_text(session):
     nv = session
-    legacy_only(nv)
     restart_insert(nv)
     s = wait_suggestion(nv)
     expected, cursor = apply_item(CALC_LINES, s["cur"]["item"], BLOCK)
@@ -163,7 +176,6 @@ def test_accepting_inserts_exactly_the_suggested_text(session):
 
 def test_tab_without_a_suggestion_inserts_a_tab(session):
     nv = session
-    legacy_only(nv)
     nv.input("<Esc>")
     nv.wait_for("vim.api.nvim_get_mode().mode == 'n'", timeout=10)
     nv.lua("require('rest_lsp').toggle(false); vim.o.smarttab = false; vim.bo.expandtab = false; vim.bo.softtabstop = 0")
@@ -179,7 +191,6 @@ def test_tab_without_a_suggestion_inserts_a_tab(session):
 
 def test_a_newer_keystroke_replaces_the_suggestion(session):
     nv = session
-    legacy_only(nv)
     restart_insert(nv)
     first = wait_suggestion(nv)
     seq1 = first["cur"]["seq"]
@@ -202,7 +213,6 @@ def test_a_newer_keystroke_replaces_the_suggestion(session):
 
 def test_cursor_move_and_escape_dismiss(session):
     nv = session
-    legacy_only(nv)
     restart_insert(nv, line=2)   # "    return a + b": a single-line completion at the end
     s = wait_suggestion(nv)
     col = s["cur"]["col"]
@@ -219,7 +229,6 @@ def test_cursor_move_and_escape_dismiss(session):
 
 def test_cycling_shows_alternatives(session):
     nv = session
-    legacy_only(nv)
     restart_insert(nv)
     first = wait_suggestion(nv)
     nv.input("<M-]>")   # asks again with an Invoked trigger, which may return several items
@@ -234,10 +243,10 @@ def test_cycling_shows_alternatives(session):
         assert cur["index"] == 1
 
 
-def test_native_inline_completion(session):
-    nv = session
-    if not nv.native:
-        pytest.skip("Neovim %d.%d has no vim.lsp.inline_completion (0.12+)" % nv.ver)
+# Collected only where a Neovim 0.12+ is available (scripts/test_editors.sh fetches one).
+@pytest.mark.skipif(not native_neovims(), reason="no Neovim 0.12+ (scripts/test_editors.sh fetches one)")
+def test_native_inline_completion(native_session):
+    nv = native_session
     restart_insert(nv)
     nv.wait_for("#vim.api.nvim_buf_get_extmarks(0, %d, 0, -1, {}) > 0" % nv.ns, timeout=120,
                 what="native ghost text")

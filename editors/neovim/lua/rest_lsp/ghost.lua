@@ -255,7 +255,7 @@ local function schedule(bufnr)
     return
   end
   stop_timer(st)
-  st.timer = st.timer or vim.loop.new_timer()
+  st.timer = st.timer or (vim.uv or vim.loop).new_timer()
   st.timer:start(opts.debounce_ms, 0, vim.schedule_wrap(function()
     if api.nvim_buf_is_valid(bufnr) and api.nvim_get_current_buf() == bufnr
       and api.nvim_get_mode().mode:match('^i') then

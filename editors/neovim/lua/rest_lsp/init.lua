@@ -57,7 +57,7 @@ local function find_root(bufnr)
   local dir = name ~= '' and vim.fn.fnamemodify(name, ':p:h') or vim.fn.getcwd()
   while dir and dir ~= '' do
     for _, marker in ipairs(M.config.root_markers) do
-      if vim.loop.fs_stat(dir .. '/' .. marker) then
+      if (vim.uv or vim.loop).fs_stat(dir .. '/' .. marker) then
         return dir
       end
     end
