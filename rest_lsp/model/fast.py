@@ -280,6 +280,7 @@ class FastVerifier:
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
         self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
+        self.kind = "compiled" if compiled else ("packed" if self.exact_logits else "screened")
         self.cache = self.lm.new_cache()
         self.vocab_size = self.lm.vocab_size
         self.device = torch.device("cpu")
