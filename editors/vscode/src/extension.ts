@@ -1,6 +1,5 @@
 // The VS Code side: owns the LanguageClient, the status bar item and the commands. Everything that can be
 // decided without the `vscode` API lives in settings.ts, launch.ts and status.ts (unit tested).
-import * as fs from "fs";
 import * as os from "os";
 import * as vscode from "vscode";
 import {
@@ -11,7 +10,7 @@ import {
   ServerOptions,
   State,
 } from "vscode-languageclient/node";
-import { expandPath, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
+import { expandPath, isExecutableFile, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
 import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
 import { formatStatsReport, ServerState, stateDetail, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
 
@@ -46,15 +45,6 @@ function setState(s: ServerState, why?: string): void {
   state = s;
   detail = why;
   render();
-}
-
-function isExecutable(file: string): boolean {
-  try {
-    fs.accessSync(file, fs.constants.X_OK);
-    return fs.statSync(file).isFile();
-  } catch {
-    return false;
-  }
 }
 
 /** The interpreter selected in the Python extension, when that extension is installed. */
@@ -109,7 +99,7 @@ async function startClient(): Promise<void> {
       workspaceFolders: folders,
       env: process.env,
       platform: process.platform,
-      isExecutable,
+      isExecutable: isExecutableFile,
     });
   } catch (err) {
     if (err instanceof ServerNotFoundError) {

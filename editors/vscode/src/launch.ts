@@ -1,6 +1,17 @@
 // Finding the `rest-lsp` executable and building the exact command line and environment the extension
 // spawns. Pure apart from the injected file check, so tests run it (and spawn its result) without VS Code.
+import * as fs from "fs";
 import * as path from "path";
+
+/** Whether `file` is an executable regular file (the default check; tests inject their own). */
+export function isExecutableFile(file: string): boolean {
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+    return fs.statSync(file).isFile();
+  } catch {
+    return false;
+  }
+}
 
 
 export interface LaunchInputs {

@@ -9,22 +9,13 @@ import * as path from "node:path";
 import { test } from "node:test";
 import { pathToFileURL } from "node:url";
 import { createMessageConnection, StreamMessageReader, StreamMessageWriter } from "vscode-jsonrpc/node";
-import { resolveServerLaunch } from "../src/launch";
+import { isExecutableFile as isExecutable, resolveServerLaunch } from "../src/launch";
 import { didChangeConfigurationParams, readSettings, serverOptions } from "../src/settings";
 import { summarizeStats } from "../src/status";
 
 // out-test/test/ -> editors/vscode -> repository root
 const REPO = path.resolve(__dirname, "..", "..", "..", "..");
 const PYTHON = process.env.REST_LSP_TEST_PYTHON ?? path.join(REPO, ".venv", "bin", "python");
-
-function isExecutable(file: string): boolean {
-  try {
-    fs.accessSync(file, fs.constants.X_OK);
-    return fs.statSync(file).isFile();
-  } catch {
-    return false;
-  }
-}
 
 const missing = !isExecutable(PYTHON)
   ? `no Python environment at ${PYTHON} (run scripts/install.sh)`

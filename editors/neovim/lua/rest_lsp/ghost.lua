@@ -28,20 +28,6 @@ function M.configure(o)
   opts = vim.tbl_extend('force', opts, o or {})
 end
 
-local function client_request(client, method, params, handler, bufnr)
-  if vim.fn.has('nvim-0.11') == 1 then
-    return client:request(method, params, handler, bufnr)
-  end
-  return client.request(method, params, handler, bufnr)
-end
-
-local function client_cancel(client, id)
-  if vim.fn.has('nvim-0.11') == 1 then
-    return client:cancel_request(id)
-  end
-  return client.cancel_request(id)
-end
-
 local function cursor()
   local pos = api.nvim_win_get_cursor(0)
   return pos[1] - 1, pos[2] -- 0-based row, byte column
@@ -67,7 +53,7 @@ local function cancel_pending(st)
   if st.pending then
     local client = vim.lsp.get_client_by_id(st.pending.client_id)
     if client then
-      pcall(client_cancel, client, st.pending.id)
+      pcall(util.cancel_request, client, st.pending.id)
     end
     st.pending = nil
   end
@@ -241,7 +227,7 @@ function M.request(bufnr, kind, want_index)
     context = { triggerKind = kind },
   }
   M.counters.requests = M.counters.requests + 1
-  local ok, id = client_request(client, 'textDocument/inlineCompletion', params, function(err, result)
+  local ok, id = util.request(client, 'textDocument/inlineCompletion', params, function(err, result)
     on_reply(bufnr, st, seq, err, result, want_index)
   end, bufnr)
   if ok and id then

@@ -191,14 +191,9 @@ function M.stats(callback, bufnr)
     callback('rest-lsp is not attached to this buffer', nil)
     return
   end
-  local handler = function(err, result)
+  util.request(client, 'rest/stats', {}, function(err, result)
     callback(err, result)
-  end
-  if vim.fn.has('nvim-0.11') == 1 then
-    client:request('rest/stats', {}, handler, bufnr or 0)
-  else
-    client.request('rest/stats', {}, handler, bufnr or 0)
-  end
+  end, bufnr or 0)
 end
 
 --- :RestLspStats: the statistics in a scratch window.
@@ -256,7 +251,7 @@ function M.restart()
   for _, id in ipairs(ids) do
     local c = vim.lsp.get_client_by_id(id)
     if c then
-      if vim.fn.has('nvim-0.11') == 1 then c:stop() else c.stop() end
+      util.stop(c)
     end
   end
   vim.defer_fn(function()
@@ -275,12 +270,7 @@ function M.rebuild_index()
   commands = commands and commands.commands or {}
   for _, name in ipairs(commands) do
     if name:match('[Rr]ebuild') or name:match('[Rr]eindex') then
-      local params = { command = name, arguments = {} }
-      if vim.fn.has('nvim-0.11') == 1 then
-        client:request('workspace/executeCommand', params, function() end)
-      else
-        client.request('workspace/executeCommand', params, function() end)
-      end
+      util.request(client, 'workspace/executeCommand', { command = name, arguments = {} }, function() end)
       vim.notify('rest-lsp: rebuilding the workspace index')
       return
     end

@@ -4,6 +4,31 @@ local M = {}
 
 local islist = vim.islist or vim.tbl_islist
 
+-- Client methods: `client.request(...)` up to 0.10, `client:request(...)` from 0.11 (the dot form is
+-- deprecated there).
+local colon = vim.fn.has('nvim-0.11') == 1
+
+function M.request(client, method, params, handler, bufnr)
+  if colon then
+    return client:request(method, params, handler, bufnr)
+  end
+  return client.request(method, params, handler, bufnr)
+end
+
+function M.cancel_request(client, id)
+  if colon then
+    return client:cancel_request(id)
+  end
+  return client.cancel_request(id)
+end
+
+function M.stop(client)
+  if colon then
+    return client:stop()
+  end
+  return client.stop()
+end
+
 -- Length in UTF-16 code units (or UTF-32 code points) of the first `byte_col` bytes of `line`.
 local function units(line, byte_col, encoding)
   local n, i = 0, 1
