@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+import os
+import threading
+from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams
@@ -53,14 +55,10 @@ def _version() -> str:
 
 
 class RestLanguageServer(LanguageServer):
-    def __init__(self, service: CompletionService | None = None,
-                 workspace_factory: Callable[["RestLanguageServer"], Any] | None = None):
+    def __init__(self, config: ServerConfig | None = None):
         super().__init__("rest-lsp", _version(), protocol_cls=_Protocol,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
-        self.service = service or CompletionService(ServerConfig(), notify=self.notify_log)
-        if service is not None and getattr(service, "_notify", None) is not None:
-            service._notify = self.notify_log
-        self._workspace_factory = workspace_factory
+        self.service = CompletionService(config or ServerConfig(), notify=self.notify_log)
         self.indexing = None   # rest_lsp.service.workspace.WorkspaceIndex, after `initialized`
         self.loop: asyncio.AbstractEventLoop | None = None   # captured in `initialize`
 
@@ -93,7 +91,7 @@ def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
 
 def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
     from .service.prompt import line_offsets
-    start, end = line_offsets(text, line)
+    start, _ = line_offsets(text, line)
     return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
 
 
@@ -115,12 +113,10 @@ def _error(exc: ServiceError) -> JsonRpcException:
     return JsonRpcServerError(str(exc), MODEL_UNAVAILABLE)
 
 
-def create_server(config: ServerConfig | None = None, service: CompletionService | None = None
-                  ) -> RestLanguageServer:
-    server = RestLanguageServer(service)
+def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
+    """The server with every feature registered; `config` is the starting configuration (CLI flags)."""
+    server = RestLanguageServer(config)
     svc = server.service
-    if config is not None:
-        svc.config = config
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: RestLanguageServer, params: types.InitializeParams):
@@ -144,6 +140,20 @@ def create_server(config: ServerConfig | None = None, service: CompletionService
         if ls.indexing is not None:
             ls.indexing.close()
         svc.close()
+
+    @server.feature(types.EXIT)
+    def exit_(ls: RestLanguageServer, params):
+        # pygls exits by raising SystemExit on the event loop, after which the interpreter waits for its
+        # stdin reader thread, which only returns when the client closes the pipe. Not every client does:
+        # make sure the process ends soon after `exit` either way.
+        rc = 0 if ls.protocol._shutdown else 1
+        if ls.indexing is not None:
+            ls.indexing.close()
+        svc.close()
+        logging.shutdown()
+        timer = threading.Timer(1.0, os._exit, args=(rc,))
+        timer.daemon = True
+        timer.start()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .config import ServerConfig
+from .config import ServerConfig, prompt_windows
 from .core import Attempt
 from .datastores import DatastoreSet
 from .prompt import CompletionContext
@@ -48,6 +48,7 @@ class EngineBackend:
         if self.corpus is not None:
             sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
         self.engine = Engine(loaded, sources)
+        self.config_seen: ServerConfig | None = None
         self._plain = None     # plain decoding, for `rest-lsp complete --compare` and draft_budget 0
 
     def warm_up(self) -> None:
@@ -73,8 +74,9 @@ class EngineBackend:
                  use_retrieval: bool = True) -> Attempt:
         from rest_lsp.engine.generate import GenerationConfig
 
-        prompt = self.loaded.build_prompt(ctx.prompt_prefix(config.max_prefix_chars),
-                                          ctx.prompt_suffix(config.max_suffix_chars),
+        self.config_seen = config
+        max_prefix, max_suffix = prompt_windows(config, self.loaded.device.type)
+        prompt = self.loaded.build_prompt(ctx.prompt_prefix(max_prefix), ctx.prompt_suffix(max_suffix),
                                           max_new_tokens=config.max_tokens)
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
@@ -101,6 +103,7 @@ class EngineBackend:
     def describe(self) -> dict:
         lm = self.loaded
         return {"name": lm.name, "device": str(lm.device), "precision": lm.precision,
+                "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
                 else self.corpus_error}
 

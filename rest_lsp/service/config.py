@@ -33,8 +33,8 @@ class ServerConfig:
     cache_dir: str | None = None        # None: the user cache directory (platformdirs)
     request_log: str | None = None      # JSONL file, one line per request
     alternatives: int = 2               # items for an Invoked trigger (greedy + sampled); Automatic gets 1
-    max_prefix_chars: int = 6000        # text before the cursor put in the prompt
-    max_suffix_chars: int = 1500        # text after the cursor put in the prompt (fill-in-the-middle)
+    max_prefix_chars: int | None = None  # text before the cursor in the prompt; None: 6000 (3000 on a CPU)
+    max_suffix_chars: int | None = None  # text after the cursor (fill-in-the-middle); None: 1500 (300 on a CPU)
     max_live_bytes: int = 2_000_000     # larger open buffers are not fed to the live draft shard
     queue_size: int = 8                 # pending requests (one per document at most) before the oldest is dropped
 
@@ -49,11 +49,13 @@ def _snake(key: str) -> str:
 def _coerce(name: str, value: Any, current: Any) -> Any:
     """Type-check one setting against the field's default type; raise ValueError with the setting's name."""
     if value is None:
-        if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log"}:
+        if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log",
+                    "max_prefix_chars", "max_suffix_chars"}:
             return None
         raise ValueError(f"{name}: null is not allowed")
     default = getattr(ServerConfig(), name)
-    kind = type(default) if default is not None else {"draft_budget": int, "languages": list}.get(name, str)
+    kind = type(default) if default is not None else {"draft_budget": int, "languages": list, "max_prefix_chars": int,
+                                                      "max_suffix_chars": int}.get(name, str)
     if kind is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true/false, got {value!r}")
@@ -73,6 +75,20 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
     if name == "precision" and value not in {"auto", "fp32", "int8", "bf16", "fp16"}:
         raise ValueError(f"precision: expected auto|fp32|int8|bf16|fp16, got {value!r}")
     return value
+
+
+# Prompt windows by device. In fill-in-the-middle order (prefix, suffix, middle) a keystroke at the cursor
+# invalidates the KV cache of everything after it, so every request re-computes the suffix window: on a
+# small CPU (about 30 ms per prompt token for the 0.5B model, shared/NOTES.md) 1,500 characters (~400
+# tokens) would cost ~12 s per request, 300 characters ~2 s. The prefix is reused between requests.
+WINDOWS = {"cpu": (3000, 300), "other": (6000, 1500)}
+
+
+def prompt_windows(config: "ServerConfig", device_type: str) -> tuple[int, int]:
+    """(max_prefix_chars, max_suffix_chars) in effect on this device."""
+    pre, suf = WINDOWS["cpu" if device_type == "cpu" else "other"]
+    return (config.max_prefix_chars if config.max_prefix_chars is not None else pre,
+            config.max_suffix_chars if config.max_suffix_chars is not None else suf)
 
 
 def unwrap_settings(settings: Any) -> dict:

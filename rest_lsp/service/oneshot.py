@@ -11,6 +11,14 @@ from .core import CompletionRequest, CompletionService
 from .prompt import build_context
 
 
+# LSP languageIds of common extensions (the `languages` setting filters on these)
+LANGUAGE_IDS = {"py": "python", "pyi": "python", "js": "javascript", "mjs": "javascript", "jsx": "javascriptreact",
+                "ts": "typescript", "tsx": "typescriptreact", "rs": "rust", "go": "go", "c": "c", "h": "c",
+                "cc": "cpp", "cpp": "cpp", "hpp": "cpp", "java": "java", "kt": "kotlin", "rb": "ruby",
+                "sh": "shellscript", "lua": "lua", "md": "markdown", "cs": "csharp", "php": "php",
+                "swift": "swift", "scala": "scala", "sql": "sql", "html": "html", "css": "css"}
+
+
 class OneShotError(Exception):
     """Bad input to the one-shot command; the message is for the user."""
 
@@ -58,7 +66,7 @@ def run_complete(path: Path, line: int, column: int, *, settings: dict, workspac
             ws_info = {"folder": str(f.root), "state": f.state, "error": f.error, "datastore": str(f.store_dir),
                        "indexed_s": f.indexed_s, "detail": f.detail}
     req = CompletionRequest(uri, text, line, column, automatic=not invoked,
-                            language=path.suffix.lstrip(".") or None)
+                            language=LANGUAGE_IDS.get(path.suffix.lstrip(".").lower(), path.suffix.lstrip(".") or None))
     try:
         resp = asyncio.run(service.complete(req))
     except Exception as exc:  # noqa: BLE001

@@ -65,16 +65,38 @@ class CompletionContext:
         return None
 
 
-def line_offsets(text: str, line: int) -> tuple[int, int]:
-    """(start, end) offsets of a line's content without its line break; PositionError past the end."""
-    if line < 0:
-        raise PositionError(f"line {line} is negative")
+_BIG = 1 << 20
+_starts_cache: list = [None, None]   # (the text object itself, its line starts): one big document at a time
+
+
+def _line_start(text: str, line: int) -> int:
+    """Offset where a line starts; PositionError past the end. Big documents index their lines once per
+    version (a request converts several positions), small ones scan."""
+    if len(text) >= _BIG:
+        if _starts_cache[0] is not text:
+            starts, pos = [0], 0
+            for ln in text.split("\n"):
+                pos += len(ln) + 1
+                starts.append(pos)
+            _starts_cache[:] = [text, starts[:-1]]
+        starts = _starts_cache[1]
+        if line >= len(starts):
+            raise PositionError(f"line {line} is past the end of the document ({len(starts)} lines)")
+        return starts[line]
     start = 0
     for n in range(line):
         nl = text.find("\n", start)
         if nl < 0:
             raise PositionError(f"line {line} is past the end of the document ({n + 1} lines)")
         start = nl + 1
+    return start
+
+
+def line_offsets(text: str, line: int) -> tuple[int, int]:
+    """(start, end) offsets of a line's content without its line break; PositionError past the end."""
+    if line < 0:
+        raise PositionError(f"line {line} is negative")
+    start = _line_start(text, line)
     end = text.find("\n", start)
     end = len(text) if end < 0 else end
     if end > start and text[end - 1] == "\r":

@@ -76,6 +76,7 @@ class WorkspaceIndex:
         self.folders: dict[str, _Folder] = {}
         self._live: dict[str, Any] = {}            # open buffers: uri -> latest text (or a callable returning it)
         self._dirty: set[str] = set()              # buffers whose latest text is not fed yet
+        self._too_big: set[str] = set()            # buffers over max_live_bytes (reported once)
         self._live_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._closed = False
@@ -91,7 +92,9 @@ class WorkspaceIndex:
         with self._live_lock:
             uris = list(self._live)
         for uri in uris:
-            self.buffer_changed(uri, self._live.get(uri))
+            text = self._live.get(uri)
+            if text is not None:
+                self.buffer_changed(uri, text)
 
     # -- event-loop side: cheap, never blocks ------------------------------------------------------
     def start(self, folder_uris: list[str]) -> None:
@@ -125,6 +128,8 @@ class WorkspaceIndex:
             self._tasks.put(("reindex", key))
 
     def close(self) -> None:
+        if self._model_ready in self.service.on_model_ready:
+            self.service.on_model_ready.remove(self._model_ready)
         self._closed = True
         self._tasks.put(("stop", None))
         for f in self.folders.values():
@@ -275,7 +280,10 @@ class WorkspaceIndex:
             text = text()
         cfg = self.service.config
         if len(text) > cfg.max_live_bytes:
-            self.notify("info", f"{uri}: {len(text)} characters, larger than max_live_bytes; not fed to drafts")
+            if uri not in self._too_big:
+                self._too_big.add(uri)
+                self.notify("info", f"{uri}: {len(text)} characters, more than max_live_bytes; its edits do "
+                                    "not feed the drafts")
             return
         self.service.worker.wait_loaded()
         backend = self.service.worker.backend
@@ -284,12 +292,15 @@ class WorkspaceIndex:
         ids = backend.encode(text)
         path = uri_to_path(uri)
         folder = self._folder_of(path) if path is not None else None
+        ctx = backend.context
         if folder is not None and folder.state == "ready" and \
                 self.service.repository.call(folder.key, "set_live", uri, ids):
             folder.live_updates += 1
+            if uri in ctx.buffers:   # fed there before the index was ready: not twice
+                ctx.buffers = {k: v for k, v in ctx.buffers.items() if k != uri}
         else:
             import numpy as np
-            ctx = backend.context   # copy-on-write: the inference thread may be iterating the old dict
+            # copy-on-write: the inference thread may be iterating the old dict
             ctx.buffers = {**ctx.buffers, uri: np.asarray(ids, dtype=np.int64)}
 
     def _drop_live(self, uri: str) -> None:

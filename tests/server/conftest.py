@@ -113,7 +113,7 @@ class Session:
             if self.proc.returncode is None:
                 await asyncio.wait_for(self.client.shutdown_async(None), 20)
                 self.client.exit(None)
-                await asyncio.wait_for(self.proc.wait(), 10)
+                await asyncio.wait_for(self.proc.wait(), 10)   # ends without its stdin being closed
         except (asyncio.TimeoutError, Exception):
             if self.proc.returncode is None:
                 self.proc.kill()
