@@ -370,7 +370,12 @@ class FastVerifier:
     def _compile(self, bucket: int):
         import torch._inductor.config as inductor_config
 
-        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # keep compiled graphs with rest-lsp's other caches
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # keep compiled graphs with rest-lsp's other caches (inductor writes its /tmp default into the
+        # environment on first use, so that value counts as unset; a user's own choice is kept)
+        current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
             from indexer.embedded import cache_root
 
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
