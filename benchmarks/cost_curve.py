@@ -28,15 +28,14 @@ QUICK_QS = (1, 2, 4, 8, 16)
 
 def random_tree(q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """A random draft tree of q nodes in topological order: (depths [q], mask [q, q] bool)."""
-    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q)]
-    mask = torch.zeros(q, q, dtype=torch.bool)
-    depths = torch.zeros(q, dtype=torch.long)
-    for i in range(q):
-        mask[i, i] = True
-        if parent[i] >= 0:
-            mask[i] |= mask[parent[i]]
-            depths[i] = depths[parent[i]] + 1
-    return depths, mask
+    from rest_lsp.engine.tree import DraftTree
+
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q)]
+    depths = [0] * q
+    for i in range(1, q):
+        depths[i] = depths[parents[i]] + 1
+    _, depth_t, mask = DraftTree([0] * q, parents, depths, [1.0] * q, [""] * q).tensors()
+    return depth_t, mask
 
 
 @torch.inference_mode()

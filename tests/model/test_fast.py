@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import FastVerifier, ScreenedHead, UnsupportedModel, make_verifier
 
@@ -69,14 +70,10 @@ def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None =
         d_tokens, d_parents = random_tree(future, gen, size) if size else ([], [])
         q = 1 + len(d_tokens)
         parent = [-1] + [pp + 1 for pp in d_parents]  # node 0 is the root
-        toks = torch.tensor([out[-1]] + d_tokens)
-        mask = torch.zeros(q, q, dtype=torch.bool)
-        depths = torch.zeros(q, dtype=torch.long)
-        for i in range(q):
-            mask[i, i] = True
-            if parent[i] >= 0:
-                mask[i] |= mask[parent[i]]
-                depths[i] = depths[parent[i]] + 1
+        depth = [0] * q
+        for i in range(1, q):
+            depth[i] = depth[parent[i]] + 1
+        toks, depths, mask = DraftTree([out[-1]] + d_tokens, parent, depth, [1.0] * q, [""] * q).tensors()
         logits = verifier.forward(toks, depths, mask)
         steps += 1
         path, node = [0], 0
