@@ -3,7 +3,7 @@
 Prints, per verifier kind, the median milliseconds for q = 1..64 and the ratio c(q)/c(1), and optionally the
 torch.profiler per-operator breakdown of one verification forward. Same model, same precision for every kind.
 
-    .venv/bin/python benchmarks/cost_curve.py --quick                       # ~5 min: eager vs packed
+    .venv/bin/python benchmarks/cost_curve.py --quick --plain 24            # a few minutes: eager, packed, screened
     .venv/bin/python benchmarks/cost_curve.py --kinds eager,packed,compiled --json cost.json
     .venv/bin/python benchmarks/cost_curve.py --kinds packed --profile 8     # where the time goes at q=8
 """
@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model spec for load_model (default: the embedded model)")
     p.add_argument("--precision", default="fp32")
-    p.add_argument("--kinds", default="eager,packed", help="comma list of make_verifier kinds")
+    p.add_argument("--kinds", default="eager,packed,screened", help="comma list of make_verifier kinds")
     p.add_argument("--qs", default=None, help="comma list of q (default 1..64 in 13 steps; --quick: 1,2,4,8,16)")
     p.add_argument("--past", type=int, default=300, help="cached tokens before each forward")
     p.add_argument("--repeats", type=int, default=5)
