@@ -67,9 +67,15 @@ def _check_supported(model: Any) -> None:
     if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
         raise UnsupportedModel("fast verifier: fp32 or bf16 weights only (int8 dynamic quantization keeps "
                                "no float weights to pack)")
-    attn = model.model.layers[0].self_attn
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
+    linears = [getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    linears.append(model.get_output_embeddings())
+    if not all(isinstance(m, torch.nn.Linear) for m in linears):
+        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear (int8 dynamic "
+                               "quantization replaces them with packed int8 modules)")
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
         raise UnsupportedModel("fast verifier: per-head q/k norms (Qwen3-style) are not supported")
 
@@ -272,7 +278,6 @@ class FastVerifier:
         max_pos = getattr(model.config, "max_position_embeddings", None)
         if max_pos:
             max_len = min(max_len, int(max_pos))
-        self.model_ref = model
         self.max_len = max_len
         self.max_positions = max_pos
         if screen and compiled:

@@ -219,7 +219,7 @@ def test_bad_input_gets_clear_errors():
         make_verifier(tiny(), "turbo")
 
 
-def test_auto_falls_back_to_transformers_for_unsupported_architectures():
+def test_auto_falls_back_to_transformers_for_unsupported_models():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
@@ -227,6 +227,12 @@ def test_auto_falls_back_to_transformers_for_unsupported_architectures():
     with pytest.raises(UnsupportedModel, match="gpt2"):
         make_verifier(gpt2, "packed")
     assert isinstance(make_verifier(tiny(), "auto"), FastVerifier)
+    from torch.ao.quantization import quantize_dynamic
+
+    int8 = quantize_dynamic(tiny(), {torch.nn.Linear}, dtype=torch.qint8)
+    assert isinstance(make_verifier(int8, "auto"), HFVerifier)
+    with pytest.raises(UnsupportedModel, match="int8"):
+        make_verifier(int8, "packed")
 
 
 def test_compiled_buckets_emit_plain_greedy():
