@@ -4,7 +4,7 @@ Draft sources, mixed by share (the shares that measured best in docs/NOTES: cont
 corpus 0.2): the prompt itself and the model's earlier output (`ContextSource`, `HistorySource`), the
 workspace datastores with their live shards of open buffers (`DatastoreSource` over `DatastoreSet`), and the
 configured corpus datastore. Plain decoding (`use_retrieval=False`, or draft_budget 0) runs the same engine
-without sources.
+with no drafts.
 """
 from __future__ import annotations
 
@@ -47,9 +47,18 @@ class EngineBackend:
                    (DatastoreSource(repository, name="repository"), SHARES["repository"])]
         if self.corpus is not None:
             sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
-        self.engine = Engine(loaded, sources)
+        self.verifier_kind = "eager"
+        try:   # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
+            from rest_lsp.model.fast import make_verifier
+            verifier = make_verifier(loaded, "auto")
+            self.verifier_kind = type(verifier).__name__
+        except Exception as exc:  # noqa: BLE001 - the eager verifier always works
+            log.warning("fast verifier unavailable (%s); using transformers' forward", exc)
+            verifier = None
+        # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
+        # plain run the same forward and share the reuse of the prompt's prefix
+        self.engine = Engine(loaded, sources, verifier=verifier)
         self.config_seen: ServerConfig | None = None
-        self._plain = None     # plain decoding, for `rest-lsp complete --compare` and draft_budget 0
 
     def warm_up(self) -> None:
         """One short generation at load time: the first request must not pay for the one-time
@@ -57,6 +66,10 @@ class EngineBackend:
         from rest_lsp.engine.generate import GenerationConfig
 
         self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
+
+    def forget_kv_cache(self) -> None:
+        """Start the next generation from an empty KV cache (fair timing in `complete --compare`)."""
+        self.engine._forget_cache()
 
     def tokenizer_spec(self) -> str | None:
         """What the indexer needs to load the same tokenizer (a model dir; None for the embedded model)."""
@@ -85,15 +98,8 @@ class EngineBackend:
             max_lines=config.max_lines if ctx.multiline else 1,
             stop_text=ctx.stop_text() if ctx.multiline else None,
             temperature=temperature, seed=seed)
-        if use_retrieval:
-            engine = self.engine
-        else:
-            if self._plain is None:
-                from rest_lsp.engine.generate import Engine
-                self._plain = Engine(self.loaded, ())
-            engine = self._plain
         t0 = time.perf_counter()
-        r = engine.generate(prompt, gen, should_stop=should_stop)
+        r = self.engine.generate(prompt, gen, should_stop=should_stop)
         wall = (time.perf_counter() - t0) * 1000
         return Attempt(text=r.text, stop_reason=r.stop_reason, tokens=len(r.tokens), steps=r.steps,
                        accepted=list(r.accepted), retrieval_ms=float(sum(r.retrieval_ms)),
@@ -102,7 +108,7 @@ class EngineBackend:
 
     def describe(self) -> dict:
         lm = self.loaded
-        return {"name": lm.name, "device": str(lm.device), "precision": lm.precision,
+        return {"name": lm.name, "device": str(lm.device), "precision": lm.precision, "verifier": self.verifier_kind,
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
                 else self.corpus_error}
