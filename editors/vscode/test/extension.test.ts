@@ -1,0 +1,116 @@
+// The bundled extension (out/extension.js, as packaged) activated under node with a stand-in `vscode`
+// module: the code that glues settings, the server launch, the language client, the status bar and the
+// commands together, against the real server.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { test } from "node:test";
+import { createFakeVscode, fileUri, loadExtension } from "./fake-vscode";
+
+const ROOT = path.resolve(__dirname, "..", "..");          // editors/vscode
+const BUNDLE = path.join(ROOT, "out", "extension.js");
+const REPO = path.resolve(ROOT, "..", "..");
+const PYTHON = process.env.REST_LSP_TEST_PYTHON ?? path.join(REPO, ".venv", "bin", "python");
+const SERVER = path.join(path.dirname(PYTHON), "rest-lsp");
+
+async function until<T>(what: string, f: () => T | undefined | false, timeoutMs = 120_000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = f();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+test("a missing server: an error naming what was searched, with the README one click away", async () => {
+  const { vscode, state } = createFakeVscode({ "server.path": "/nonexistent/bin/rest-lsp" }, []);
+  state.errorChoice = "Open README";
+  const ext = loadExtension(BUNDLE, vscode);
+  await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
+  assert.deepEqual([...state.commands.keys()].sort(), [
+    "restLsp.rebuildIndex", "restLsp.restart", "restLsp.showStats", "restLsp.toggleCompletions",
+  ]);
+  await until("the error message", () => state.errors.length > 0, 5000);
+  assert.match(state.errors[0].message, /configured server "\/nonexistent\/bin\/rest-lsp" is not an executable/);
+  assert.deepEqual(state.errors[0].buttons, ["Open README", "Open Settings", "Show Log"]);
+  assert.equal(state.statusItem.text, "$(error) REST error");
+  assert.match(state.statusItem.tooltip, /server not found/);
+  await until("the README", () => state.executed.length > 0, 5000);
+  const [command, uri] = state.executed[0] as [string, { fsPath: string }];
+  assert.equal(command, "markdown.showPreview");
+  assert.equal(uri.fsPath, path.join(ROOT, "README.md"));
+  assert.ok(fs.existsSync(uri.fsPath), "the README ships with the extension");
+  await ext.deactivate();
+});
+
+const missing = fs.existsSync(SERVER) ? undefined : `rest-lsp is not installed at ${SERVER} (run scripts/install.sh)`;
+
+test("activated against the real server: status, inline completions, toggle, settings, statistics", { skip: missing, timeout: 240_000 }, async () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-ext-"));
+  const model = path.join(tmp, "model");
+  execFileSync(PYTHON, ["-m", "rest_lsp.model.tiny", model], { stdio: "ignore" });
+  const ws = path.join(tmp, "ws");
+  fs.mkdirSync(ws);
+  const text = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n";
+  fs.writeFileSync(path.join(ws, "calc.py"), text);
+  const settings: Record<string, unknown> = {
+    "server.path": SERVER,
+    "server.env": { XDG_CACHE_HOME: path.join(tmp, "cache") },
+    model,
+    maxTokens: 12,
+    timeBudgetMs: 20000,
+    "stats.intervalMs": 500,
+  };
+  const { vscode, state } = createFakeVscode(settings, [ws]);
+  const ext = loadExtension(BUNDLE, vscode);
+  try {
+    await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
+    assert.deepEqual(state.errors, []);
+    // Ready once the model has loaded; the tooltip carries the figures from rest/stats.
+    await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"));
+    assert.match(state.statusItem.tooltip, /rest-lsp: ready/);
+    assert.match(state.statusItem.tooltip, /completions: 0/);
+    assert.equal(state.inlineProviders.length, 1, "vscode-languageclient 10 registers inline completion");
+
+    const uri = fileUri(path.join(ws, "calc.py"));
+    state.openDocument({ uri, languageId: "python", version: 1, getText: () => text, isClosed: false, lineCount: 7 });
+    const provider = state.inlineProviders[0].provider;
+    const token = { isCancellationRequested: false, onCancellationRequested: () => ({ dispose() {} }) };
+    const doc = { uri, languageId: "python", version: 1, getText: () => text };
+    const ask = () => provider.provideInlineCompletionItems(doc, new vscode.Position(5, 4), { triggerKind: 1 }, token);
+    const result = await ask();
+    const items = Array.isArray(result) ? result : result.items;
+    assert.ok(items.length >= 1, "the server's items reach VS Code");
+    assert.equal(typeof items[0].insertText, "string");
+    assert.equal(items[0].range.start.line, 5);
+    await until("completion figures", () => /completions: [1-9]/.test(state.statusItem.tooltip), 10_000);
+
+    // Toggle: the setting flips, and with it off the provider answers nothing (no server request).
+    await state.commands.get("restLsp.toggleCompletions")!();
+    assert.deepEqual(state.updates, [["completions.enabled", false]]);
+    settings["completions.enabled"] = false;
+    state.fireConfigurationChange(["restLsp", "restLsp.completions.enabled"]);
+    await until("the off state", () => state.statusItem.text.includes(" off"), 5000);
+    assert.equal(await ask(), undefined);
+    settings["completions.enabled"] = true;
+    state.fireConfigurationChange(["restLsp", "restLsp.completions.enabled"]);
+
+    // A server setting goes to the running server (its log says what changed), without a restart.
+    settings.maxTokens = 8;
+    state.fireConfigurationChange(["restLsp", "restLsp.maxTokens"]);
+    await until("the server to apply maxTokens", () => state.output.some((l) => /configuration changed: max_tokens/.test(l)), 20_000);
+    assert.ok(!state.output.some((l) => /unknown setting/.test(l)));
+
+    await state.commands.get("restLsp.showStats")!();
+    assert.ok(state.output.some((l) => /^totals:$/m.test(l)), "the statistics report is in the output channel");
+    // The server offers no index rebuild command yet (workspace/executeCommand): the user is told so.
+    await state.commands.get("restLsp.rebuildIndex")!();
+    assert.ok(state.warnings.some((w) => /no index rebuild command/.test(w)), state.warnings.join("; "));
+  } finally {
+    await ext.deactivate();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
