@@ -210,7 +210,7 @@ class Engine:
         order = rank_nodes(trie, budget)
         if config.draft_budget is None:
             scale = self.calibration.scale()
-            order = order[: best_size([min(1.0, trie.nodes[n].mass * scale) for n in order], self._cost())]
+            order = order[: best_size([min(1.0, trie.mass[n] * scale) for n in order], self._cost())]
         return flatten(trie, order)
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, rng) -> tuple[list[int], int]:

@@ -69,7 +69,7 @@ class _MatchingSource:
 
     name = "match"
 
-    def __init__(self, n_max: int = 16, max_matches: int = 64):
+    def __init__(self, n_max: int = 16, max_matches: int = 16):
         self.n_max = n_max
         self.max_matches = max_matches
         self.last_match_len: int | None = 0
@@ -99,7 +99,7 @@ class ContextSource(_MatchingSource):
 
     name = "context"
 
-    def __init__(self, n_max: int = 16, max_matches: int = 64):
+    def __init__(self, n_max: int = 16, max_matches: int = 16):
         super().__init__(n_max, max_matches)
         self.buffers: dict[str, np.ndarray] = {}
 
@@ -119,7 +119,7 @@ class HistorySource(_MatchingSource):
     name = "history"
     SEPARATOR = -1
 
-    def __init__(self, n_max: int = 16, max_matches: int = 64, capacity: int = 65536):
+    def __init__(self, n_max: int = 16, max_matches: int = 16, capacity: int = 65536):
         super().__init__(n_max, max_matches)
         self.capacity = capacity
         self._buf = np.empty(2 * capacity, dtype=np.int64)  # appended in place; halved when full
@@ -147,7 +147,7 @@ class DatastoreSource:
     """Continuations from indexer's suffix-array datastore (corpus and repository shards)."""
 
     def __init__(self, datastore, name: str = "corpus", n_max: int = 16, n_min: int = 2, k: int = 5000,
-                 max_continuations: int = 256):
+                 max_continuations: int = 32):
         self.datastore = datastore
         self.name = name
         self.n_max, self.n_min, self.k = n_max, n_min, k

@@ -61,28 +61,28 @@ def rank_nodes(trie: TokenTrie, max_nodes: int) -> list[int]:
     ranking a connected tree (each node comes after its parent).
     """
     order: list[int] = []
-    heap = [(-trie.nodes[c].mass, c) for c in trie.nodes[0].children.values()]
+    mass = trie.mass
+    heap = [(-mass[c], c) for c in trie.children[0].values()]
     heapq.heapify(heap)
     while heap and len(order) < max_nodes:
         _, n = heapq.heappop(heap)
         order.append(n)
-        for c in trie.nodes[n].children.values():
-            heapq.heappush(heap, (-trie.nodes[c].mass, c))
+        for c in trie.children[n].values():
+            heapq.heappush(heap, (-mass[c], c))
     return order
 
 
 def flatten(trie: TokenTrie, order: list[int]) -> DraftTree:
     """The root plus the chosen nodes (parents before children) as a DraftTree."""
     index = {0: 0}
-    tree = DraftTree.single(trie.nodes[0].token)
+    tree = DraftTree.single(trie.tokens[0])
     for n in order:
-        node = trie.nodes[n]
         index[n] = len(tree.tokens)
-        tree.tokens.append(node.token)
-        tree.parents.append(index[node.parent])
-        tree.depths.append(node.depth)
-        tree.probs.append(min(1.0, node.mass))
-        tree.sources.append(max(node.sources, key=node.sources.get) if node.sources else "")
+        tree.tokens.append(trie.tokens[n])
+        tree.parents.append(index[trie.parents[n]])
+        tree.depths.append(trie.depths[n])
+        tree.probs.append(min(1.0, trie.mass[n]))
+        tree.sources.append(trie.source[n])
     return tree
 
 

@@ -8,43 +8,45 @@ its path times the mass at the root.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 
-@dataclass
-class TrieNode:
-    token: int
-    parent: int  # index in TokenTrie.nodes; -1 for the root
-    depth: int  # the root (the token already decided) is depth 0
-    mass: float = 0.0
-    children: dict[int, int] = field(default_factory=dict)  # token -> node index
-    sources: dict[str, float] = field(default_factory=dict)  # mass per source name (which source drafted it)
-
-
 class TokenTrie:
-    """Continuations after a fixed root token; node 0 is the root."""
+    """Continuations after a fixed root token; node 0 is the root. Nodes live in parallel lists (a few
+    thousand are added per step, so no per-node objects)."""
 
     def __init__(self, root_token: int):
-        self.nodes: list[TrieNode] = [TrieNode(root_token, -1, 0, mass=0.0)]
+        self.tokens: list[int] = [root_token]
+        self.parents: list[int] = [-1]
+        self.depths: list[int] = [0]  # the root (the token already decided) is depth 0
+        self.mass: list[float] = [0.0]
+        self.children: list[dict[int, int]] = [{}]  # token -> node index
+        self.source: list[str] = [""]  # the source of the heaviest continuation through the node
+        self._best: list[float] = [0.0]
 
     def add(self, tokens: Sequence[int], weight: float, source: str = "") -> None:
         """Add one continuation: every node along its path gains `weight`."""
         node = 0
-        self.nodes[0].mass += weight
+        self.mass[0] += weight
         for tok in tokens:
-            child = self.nodes[node].children.get(tok)
+            child = self.children[node].get(tok)
             if child is None:
-                child = len(self.nodes)
-                self.nodes.append(TrieNode(int(tok), node, self.nodes[node].depth + 1))
-                self.nodes[node].children[int(tok)] = child
+                child = len(self.tokens)
+                self.children[node][tok] = child
+                self.tokens.append(tok)
+                self.parents.append(node)
+                self.depths.append(self.depths[node] + 1)
+                self.mass.append(0.0)
+                self.children.append({})
+                self.source.append(source)
+                self._best.append(weight)
+            elif weight > self._best[child]:
+                self._best[child], self.source[child] = weight, source
             node = child
-            n = self.nodes[node]
-            n.mass += weight
-            n.sources[source] = n.sources.get(source, 0.0) + weight
+            self.mass[node] += weight
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self.tokens)
 
 
 def match_strength(match_len: int | None) -> float:
@@ -68,7 +70,7 @@ def mix(
     """
     trie = TokenTrie(root_token)
     for name, share, strength, conts in proposals:
-        conts = [(tuple(t), float(w)) for t, w in conts if len(t) > 0 and w > 0]
+        conts = [(t, float(w)) for t, w in conts if len(t) > 0 and w > 0]
         total = sum(w for _, w in conts)
         if total <= 0 or share <= 0 or strength <= 0:
             continue

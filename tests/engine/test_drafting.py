@@ -16,13 +16,13 @@ def test_mix_normalises_within_each_source_then_applies_shares():
     corpus = [((1, 2), 5000.0), ((3,), 5000.0)]  # raw counts in the thousands
     context = [((4, 5, 6), 1.0)]
     trie = mix(9, [("corpus", 0.5, 1.0, corpus), ("context", 0.5, 1.0, context)])
-    kids = trie.nodes[0].children
-    mass = {tok: trie.nodes[i].mass for tok, i in kids.items()}
+    kids = trie.children[0]
+    mass = {tok: trie.mass[i] for tok, i in kids.items()}
     assert mass == pytest.approx({1: 0.25, 3: 0.25, 4: 0.5})
-    assert trie.nodes[0].mass == pytest.approx(1.0)
+    assert trie.mass[0] == pytest.approx(1.0)
     # a source with nothing leaves its share unclaimed: estimates stay below certainty
     alone = mix(9, [("corpus", 0.5, 1.0, []), ("context", 0.5, 1.0, context)])
-    assert alone.nodes[alone.nodes[0].children[4]].mass == pytest.approx(0.5)
+    assert alone.mass[alone.children[0][4]] == pytest.approx(0.5)
 
 
 def test_longer_matches_are_trusted_more():
@@ -31,18 +31,18 @@ def test_longer_matches_are_trusted_more():
     assert match_strength(None) == 1.0
     weak = mix(0, [("a", 1.0, match_strength(1), [((7,), 1.0)])])
     strong = mix(0, [("a", 1.0, match_strength(6), [((7,), 1.0)])])
-    assert weak.nodes[1].mass < strong.nodes[1].mass
+    assert weak.mass[1] < strong.mass[1]
 
 
 def test_rank_nodes_is_best_first_and_connected():
     trie = mix(0, [("s", 1.0, 1.0, [((1, 2, 3), 0.6), ((1, 4), 0.3), ((5, 6), 0.1)])])
     order = rank_nodes(trie, 10)
-    masses = [trie.nodes[n].mass for n in order]
-    assert [trie.nodes[n].token for n in order][:3] == [1, 2, 3]
+    masses = [trie.mass[n] for n in order]
+    assert [trie.tokens[n] for n in order][:3] == [1, 2, 3]
     assert len(order) == 6
     seen = {0}
     for n in order:
-        assert trie.nodes[n].parent in seen  # every prefix of the ranking is a tree
+        assert trie.parents[n] in seen  # every prefix of the ranking is a tree
         seen.add(n)
     assert max(masses[3:]) <= masses[0]
     assert len(rank_nodes(trie, 2)) == 2
@@ -61,6 +61,13 @@ def test_flatten_builds_ancestor_mask_and_depths():
         assert set(torch.nonzero(mask[i]).flatten().tolist()) == expected
         assert depths[i] == len(expected) - 1
     assert tree.sources[1:] == ["s"] * 4
+
+
+def test_nodes_are_credited_to_the_source_of_their_heaviest_continuation():
+    trie = mix(0, [("a", 0.5, 1.0, [((1, 2), 1.0)]), ("b", 0.5, 1.0, [((1, 3), 3.0), ((4,), 1.0)])])
+    by_token = {trie.tokens[n]: trie.source[n] for n in range(1, len(trie))}
+    assert by_token == {1: "a", 2: "a", 3: "b", 4: "b"}  # 1: a adds 0.5, b's heaviest adds 0.375
+    assert trie.mass[trie.children[0][1]] == pytest.approx(0.875)
 
 
 def test_accept_greedy_walks_the_matching_path():
