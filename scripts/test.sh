@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
+# Debian neovim + tmux, node dependencies, and the VS Code extension's own tests (npm test)
+bash scripts/test_editors.sh
 export PYTHONUNBUFFERED=1
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
