@@ -248,3 +248,20 @@ def test_compiled_buckets_emit_plain_greedy():
     spec, _ = greedy(fast, x, 24, truth=plain, seed=6, max_nodes=3)  # q = 1..4
     assert spec == plain
     assert set(fast.compile_seconds) == {4}
+
+
+@pytest.mark.embedded
+def test_embedded_model_auto_verifier_is_exact():
+    """On the embedded Qwen2.5-Coder-0.5B: the default fast verifier's plain decoding equals transformers',
+    and tree speculation with it equals its plain decoding."""
+    from rest_lsp.model.host import load_model
+
+    lm = load_model(None, device="cpu", precision="fp32")
+    ids = torch.tensor(lm.tokenizer.encode('import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser('))
+    reference, _ = greedy(make_verifier(lm, "eager"), ids, 24)
+    fast = make_verifier(lm, "auto")
+    assert isinstance(fast, FastVerifier)
+    plain, plain_steps = greedy(fast, ids, 24)
+    assert plain == reference, lm.tokenizer.decode(plain) + " != " + lm.tokenizer.decode(reference)
+    spec, spec_steps = greedy(fast, ids, 24, truth=plain, seed=1, max_nodes=7)
+    assert spec == plain and spec_steps < plain_steps
