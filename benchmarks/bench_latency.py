@@ -126,6 +126,7 @@ async def typing_session(svc: CompletionService, text: str, debounce_s: float, c
     gaps = keystroke_gaps(typed_part, rng)
     uri = "file:///bench/typing.py"
     shown_latency: list[float] = []
+    answered_latency: list[float] = []     # every request that ran to its end (not stopped by a newer one)
     state = {"inflight": None, "n_requests": 0, "shown": 0, "stale": 0, "accepted_chars": 0}
     base = dict(svc.stats.totals)
     suggestion = ""
@@ -138,6 +139,8 @@ async def typing_session(svc: CompletionService, text: str, debounce_s: float, c
             r = await svc.complete(CompletionRequest(uri, doc, line, col, automatic=True, language="python"))
         except asyncio.CancelledError:
             return
+        if r.record["outcome"] in ("completed", "empty", "cache"):
+            answered_latency.append(r.record["latency_ms"])
         if r.items and typed_count[0] == key_index:      # still on screen: nobody typed since
             shown_latency.append((time.perf_counter() - t0) * 1000)
             state["shown"] += 1
@@ -190,6 +193,8 @@ async def typing_session(svc: CompletionService, text: str, debounce_s: float, c
             "wasted_tokens": d["wasted_tokens"], "decoded_tokens": d["tokens"],
             "suggestions_shown": state["shown"], "stale_responses": state["stale"],
             "shown_latency_p50_ms": pct(shown_latency, 50), "shown_latency_p95_ms": pct(shown_latency, 95),
+            "answered": len(answered_latency), "answered_latency_p50_ms": pct(answered_latency, 50),
+            "answered_latency_p95_ms": pct(answered_latency, 95),
             "chars_typed_as_suggested": state["accepted_chars"], "debounce_ms": debounce_s * 1000,
             "cancel_on_keystroke": cancel, "typed_lines": typed_part.count("\n") + 1}
 

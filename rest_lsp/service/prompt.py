@@ -134,11 +134,16 @@ def build_context(text: str, line: int, column: int, selected: Selected | None =
     return CompletionContext(prefix, suffix, multiline, line, column, range_start, lead)
 
 
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
 def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool) -> str:
     """Cut the model's text to what the editor should show.
 
     Single line: up to the first line break, without a trailing copy of the text after the cursor.
-    Multi-line: at most max_lines, stopping before a line that repeats the next line of the suffix.
+    Multi-line: at most max_lines, stopping before a line that repeats the next line of the suffix or that
+    is indented less than the block the cursor is in (its line's indentation; one more after a block opener).
     truncated (the time budget ran out mid-way): cut back to the last complete line; a single line is cut
     back to its last word boundary.
     """
@@ -158,10 +163,15 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     if truncated and len(lines) > 1:
         lines = lines[:-1]                    # the last line is incomplete
     stop = ctx.stop_text()
+    line_before = ctx.prefix[ctx.prefix.rfind("\n") + 1:]
+    block_indent = _indent(line_before) if not line_before.strip() else _indent(line_before) + 1
     out: list[str] = []
     for i, ln in enumerate(lines[:max_lines]):
-        if stop and i > 0 and ln.strip() == stop:
-            break
+        if i > 0 and ln.strip():
+            if stop and ln.strip() == stop:
+                break                         # the model reached the code after the cursor
+            if _indent(ln) < block_indent:
+                break                         # the block the cursor is in has ended
         out.append(ln)
     while out and not out[-1].strip():
         out.pop()

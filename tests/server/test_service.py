@@ -59,7 +59,7 @@ def test_shaping():
     multi = build_context("def f():\n    \n    return 1\n", 1, 4)
     out = shape_completion("x = 1\n    y = 2\n    return 1\n    z", multi, max_lines=8, truncated=False)
     assert out == "x = 1\n    y = 2"                         # stops before repeating the suffix's line
-    assert shape_completion("a\nb\nc\nd", multi, max_lines=2, truncated=False) == "a\nb"
+    assert shape_completion("a\n    b\n    c\n    d", multi, max_lines=2, truncated=False) == "a\n    b"
     assert shape_completion("x = 1\n    y = 2\n    z = sq", multi, max_lines=8, truncated=True) == \
         "x = 1\n    y = 2"                                   # time budget: cut back to a line boundary
     assert shape_completion("value_one + valu", build_context("x = ", 0, 4), max_lines=8, truncated=True) \
@@ -248,3 +248,13 @@ def test_documented_options_match_the_defaults():
         if len(parts) > 3 and parts[1].startswith("`") and parts[2].startswith("`"):
             rows[parts[1].strip("`")] = json.loads(parts[2].strip("`"))
     assert rows == {name: default for name, default in describe()}
+
+
+def test_multi_line_stops_where_the_block_ends():
+    ctx = build_context("class A:\n    def total(self):\n        \n\n    def other(self):\n        pass\n", 2, 8)
+    text = "return sum(self.items)\n\n\ndef main():\n    a = A()"
+    assert shape_completion(text, ctx, max_lines=8, truncated=False) == "return sum(self.items)"
+    opener = build_context("def f(x):", 0, 9)
+    body = "\n    if x:\n        return 1\n    return 2\nprint(f(3))"
+    assert shape_completion(body, opener, max_lines=8, truncated=False) == \
+        "\n    if x:\n        return 1\n    return 2"
