@@ -374,7 +374,6 @@ class FastVerifier:
 
     def _compile(self, bucket: int):
         import torch._inductor.config as inductor_config
-
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
         # keep compiled graphs with rest-lsp's other caches (inductor writes its /tmp default into the
