@@ -1,7 +1,7 @@
 """A small inventory module: the demo file for `rest-lsp complete` (see docs/daemon.md).
 
-The cursor position used in the demo is the empty line inside `total_value`, where the daemon completes
-the function body (several lines), helped by drafts from the similar functions above it.
+The demo puts the cursor on the empty line inside `total_value` (the file's last line), where the daemon
+completes the function body over several lines, helped by drafts from the similar `total_quantity` above.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class Inventory:
             total += item.quantity
         return total
 
-    def total_value(self) -> float:
-        
-
     def with_tag(self, tag: str) -> list[Item]:
         return [item for item in self.items.values() if tag in item.tags]
+
+    def total_value(self) -> float:
+        
