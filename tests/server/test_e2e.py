@@ -213,10 +213,17 @@ async def test_model_failure_then_recovery_and_unwritable_cache(session, tiny_mo
         await session.complete(uri, 1, 0)
     assert error_code(e.value) == -32001 and "no-such-model" in str(e.value)
     assert any(m.type == types.MessageType.Error and "no-such-model" in m.message for m in session.logs)
-    # a good model through the configuration: the same server now completes
+    # a good model and a corpus datastore through the configuration: the same server now completes
+    from indexer.store import Datastore
+
+    corpus_src = tmp_path / "corpus-src"
+    corpus_src.mkdir()
+    (corpus_src / "lib.py").write_text("def helper(value):\n    return value * 2\n")
+    Datastore.build([corpus_src], tmp_path / "corpus", tokenizer=str(tiny_model)).close()
     session.client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
-        settings={"model": str(tiny_model), "maxTokens": 8, "draftBudget": 4}))
-    await wait_for(session, lambda st: st["model"]["state"] == "ready", "model reload")
+        settings={"model": str(tiny_model), "maxTokens": 8, "draftBudget": 4, "corpus": str(tmp_path / "corpus")}))
+    st = await wait_for(session, lambda st: st["model"]["state"] == "ready", "model reload")
+    assert st["model"]["corpus"] == "loaded"
     await session.complete(uri, 1, 0)
     assert (await session.stats())["recent"][-1]["outcome"] in ("completed", "empty")
     # the cache directory could not be created: the workspace is not indexed, and says why
