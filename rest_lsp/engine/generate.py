@@ -27,6 +27,9 @@ from .tree import DraftTree, accept_greedy, accept_sampled, flatten, rank_nodes,
 from .trie import match_strength, mix
 from .verifier import HFVerifier, Verifier, chain_mask
 
+# Prompt tokens per prefill forward: should_stop is polled between chunks, so a long prompt (seconds on a
+# CPU) can be cancelled; larger chunks save little once a forward is this wide.
+PREFILL_CHUNK = 256
 
 @dataclass
 class GenerationConfig:
@@ -94,6 +97,7 @@ class Engine:
         self.max_positions: int | None = min((int(x) for x in limits if x), default=None)
         self._rows_kw = "rows" in inspect.signature(self.verifier.forward).parameters
         self._cached: list[int] = []  # tokens whose keys/values the verifier holds
+        self.prefill_chunk = PREFILL_CHUNK
         self._lock = threading.Lock()
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -120,9 +124,12 @@ class Engine:
                 source.begin(prompt)
 
         reused = self._reuse_prefix(prompt)
-        logits = self._prefill(prompt[reused:])  # [V], the last prompt position
-        out = [self._pick(logits, config, rng)]  # out[-1] is pending: decided, not yet in the cache
+        logits = self._prefill(prompt, reused, should_stop)  # [V], the last prompt position
         prefill_s = time.perf_counter() - start
+        if logits is None:  # cancelled between chunks: what was computed stays cached for the next call
+            return GenerationResult([], "", "cancelled", 0, [], prefill_s, 0.0, [], [], prompt_tokens=len(prompt),
+                                    reused_tokens=reused)
+        out = [self._pick(logits, config, rng)]  # out[-1] is pending: decided, not yet in the cache
         stops = StopChecker(config, self.tokenizer, self.eos_token_ids, start)
         res = GenerationResult([], "", "", 1, [1], prefill_s, 0.0, [], [], prompt_tokens=len(prompt),
                                reused_tokens=reused)
@@ -187,15 +194,22 @@ class Engine:
         self._cached = prompt[:n]
         return n
 
-    def _prefill(self, tokens: list[int]) -> torch.Tensor:
-        """Append the prompt's uncached tokens to the cache; logits [V] after the last one."""
-        q = len(tokens)
+    def _prefill(self, prompt: list[int], start: int, should_stop) -> torch.Tensor | None:
+        """Append prompt[start:] to the cache in chunks; logits [V] after the last token, or None when
+        should_stop turned true between chunks (self._cached then records exactly the chunks computed)."""
         device = self.verifier_device
-        args = (torch.tensor(tokens, dtype=torch.long, device=device), torch.arange(q, device=device),
-                chain_mask(q, device))
-        if self._rows_kw:
-            return self.verifier.forward(*args, rows=[q - 1])[-1]
-        return self.verifier.forward(*args)[-1]
+        logits = None
+        for lo in range(start, len(prompt), self.prefill_chunk):
+            if lo > start and should_stop is not None and should_stop():
+                return None
+            chunk = prompt[lo : lo + self.prefill_chunk]
+            q = len(chunk)
+            args = (torch.tensor(chunk, dtype=torch.long, device=device), torch.arange(q, device=device),
+                    chain_mask(q, device))
+            # only the last row's logits are used (rows= skips the rest of the output projection)
+            logits = self.verifier.forward(*args, rows=[q - 1]) if self._rows_kw else self.verifier.forward(*args)
+            self._cached = prompt[: lo + q]
+        return logits[-1]
 
     def _draft(self, context: list[int], config: GenerationConfig) -> DraftTree:
         """Root (the pending token) plus the draft nodes worth verifying."""
