@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 STATS = "rest/stats"
 DRAFTS = "rest/drafts"
+REBUILD_INDEX = "rest-lsp.rebuildIndex"   # workspace/executeCommand: rebuild the workspace datastores
 MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model failed to load
 
 
@@ -218,6 +219,17 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
         snap = svc.snapshot(last)
         snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
         return snap
+
+    @server.command(REBUILD_INDEX)   # pygls answers workspace/executeCommand and advertises the name
+    def rebuild_index(ls: RestLanguageServer, *args):
+        """Queue a from-scratch build of every workspace folder's datastore and answer at once
+        ({"folders": [...]}); the indexing thread does the work, with work-done progress, and rest/stats
+        shows each folder go indexing -> ready with its new figures (`rebuilds` counts them)."""
+        if ls.indexing is None:
+            raise JsonRpcInvalidParams("the workspace is not initialized yet")
+        if not svc.config.index_workspace:
+            raise JsonRpcInvalidParams("workspace indexing is off (index_workspace: false)")
+        return {"folders": ls.indexing.rebuild()}
 
     @server.feature(DRAFTS)
     async def drafts(ls: RestLanguageServer, params: Any):

@@ -14,13 +14,21 @@ def _filters(exclude: Iterable[str]):
 
 
 def open_or_build(root: Path, store_dir: Path, *, tokenizer: str | None, exclude: Iterable[str],
-                  progress: Callable[..., object] | None = None):
-    """-> (Datastore, figures). Opens and syncs an existing store of this folder, else builds one."""
+                  progress: Callable[..., object] | None = None, rebuild: bool = False):
+    """-> (Datastore, figures). Opens and syncs an existing store of this folder, else builds one;
+    rebuild=True builds it from scratch whatever is there (the old store is replaced only once the new one
+    is complete, so it can serve searches meanwhile)."""
+    from indexer.store import Datastore
     from indexer.watch import open_or_build as indexer_open_or_build
 
     store_dir.parent.mkdir(parents=True, exist_ok=True)
-    ds = indexer_open_or_build([root], store_dir, tokenizer=tokenizer, filters=_filters(exclude),
-                               log_fn=(lambda msg: progress(msg)) if progress else None)
+    if rebuild:
+        if progress:
+            progress(f"rebuilding {store_dir}")
+        ds = Datastore.build([root], store_dir, tokenizer=tokenizer, filters=_filters(exclude))
+    else:
+        ds = indexer_open_or_build([root], store_dir, tokenizer=tokenizer, filters=_filters(exclude),
+                                   log_fn=(lambda msg: progress(msg)) if progress else None)
     st = ds.stats()
     return ds, {"documents": st["documents"], "tokens": st["tokens"], "shards": st["shards"]}
 

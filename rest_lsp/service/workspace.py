@@ -63,6 +63,7 @@ class _Folder:
         self.updates = 0               # batches of changed files the watcher applied
         self.saved = 0                 # files re-read after didSave
         self.live_updates = 0          # buffer texts fed to the live shard
+        self.rebuilds = 0              # from-scratch builds done for rest-lsp.rebuildIndex
         self.watcher = None
         self.indexed_s: float | None = None
         self.backend = None            # the model whose tokenizer the datastore was opened with
@@ -127,6 +128,13 @@ class WorkspaceIndex:
         for key in list(self.folders):
             self._tasks.put(("reindex", key))
 
+    def rebuild(self) -> list[str]:
+        """Queue a from-scratch build of every folder's datastore (the `rest-lsp.rebuildIndex` command):
+        returns at once with the folders queued; progress and the new figures arrive as for the first index."""
+        for key in list(self.folders):
+            self._tasks.put(("rebuild", key))
+        return [str(f.root) for f in self.folders.values()]
+
     def close(self) -> None:
         if self._model_ready in self.service.on_model_ready:
             self.service.on_model_ready.remove(self._model_ready)
@@ -148,6 +156,7 @@ class WorkspaceIndex:
             folders.append({"folder": str(f.root), "state": f.state, "error": f.error,
                             "datastore": str(f.store_dir) if f.store_dir else None, "indexed_s": f.indexed_s,
                             "watch_updates": f.updates, "saved_updates": f.saved, "live_updates": f.live_updates,
+                            "rebuilds": f.rebuilds,
                             "watching": f.watcher is not None, **f.detail})
         store_stats = {}
         for key in self.service.repository.keys():
@@ -184,6 +193,8 @@ class WorkspaceIndex:
                     self._index(self.folders[arg])
                 elif kind == "reindex":
                     self._index(self.folders[arg], force=True)
+                elif kind == "rebuild":
+                    self._index(self.folders[arg], force=True, rebuild=True)
                 elif kind == "live":
                     self._feed_live(arg)
                 elif kind == "close":
@@ -210,7 +221,7 @@ class WorkspaceIndex:
                 continue
         return None
 
-    def _index(self, f: _Folder, force: bool = False) -> None:
+    def _index(self, f: _Folder, force: bool = False, rebuild: bool = False) -> None:
         cfg = self.service.config
         if not cfg.index_workspace:
             self._stop_watch(f)
@@ -229,11 +240,12 @@ class WorkspaceIndex:
         cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
         f.store_dir = workspace_store_dir(cache, f.root)
         f.state, f.error = "indexing", None
-        token = self.progress.begin("rest-lsp: indexing", str(f.root)) if self.progress else None
+        title = "rest-lsp: rebuilding the index" if rebuild else "rest-lsp: indexing"
+        token = self.progress.begin(title, str(f.root)) if self.progress else None
         t0 = time.perf_counter()
         try:
             store, detail = indexing.open_or_build(
-                f.root, f.store_dir, tokenizer=tok, exclude=cfg.exclude,
+                f.root, f.store_dir, tokenizer=tok, exclude=cfg.exclude, rebuild=rebuild,
                 progress=lambda msg, pct=None: self.progress and self.progress.report(token, msg, pct))
         except Exception as exc:  # noqa: BLE001 - an unwritable cache or a broken store: serve without it
             f.state, f.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -245,6 +257,7 @@ class WorkspaceIndex:
         f.detail, f.indexed_s = detail, round(time.perf_counter() - t0, 2)
         self.service.repository.set(f.key, store)
         f.state = "ready"
+        f.rebuilds += int(rebuild)
         if self.progress:
             self.progress.end(token, f"indexed in {f.indexed_s:.1f} s")
         self.notify("info", f"workspace {f.root} indexed in {f.indexed_s:.1f} s ({detail})")

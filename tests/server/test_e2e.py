@@ -231,3 +231,35 @@ async def test_model_failure_then_recovery_and_unwritable_cache(session, tiny_mo
                         "workspace state")
     assert st["datastore"]["folders"][0]["state"] == "failed"
     assert "not-a-dir" in st["datastore"]["folders"][0]["error"]
+
+
+async def test_rebuild_index_command(session, tiny_model, tmp_path):
+    """workspace/executeCommand rest-lsp.rebuildIndex: answers at once, then the folder is rebuilt from
+    scratch with work-done progress and comes back ready with its documents counted."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    result = await session.initialize({"model": str(tiny_model), "cacheDir": str(tmp_path / "cache")}, [ws])
+    assert "rest-lsp.rebuildIndex" in result.capabilities.execute_command_provider.commands
+    st = await wait_for(session, lambda st: st["datastore"]["folders"][0]["state"] in ("ready", "failed"),
+                        "workspace index")
+    assert st["datastore"]["folders"][0]["state"] == "ready" and st["datastore"]["folders"][0]["documents"] == 1
+    assert st["datastore"]["folders"][0]["rebuilds"] == 0
+
+    (ws / "more.py").write_text("def mul(a, b):\n    return a * b\n")
+    session.progress.clear()
+    answer = await session._wait(session.client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="rest-lsp.rebuildIndex")))
+    assert list(answer["folders"] if isinstance(answer, dict) else answer.folders) == [str(ws.resolve())]
+    st = await wait_for(session, lambda st: st["datastore"]["folders"][0]["rebuilds"] == 1, "rebuild")
+    folder = st["datastore"]["folders"][0]
+    assert folder["state"] == "ready" and folder["documents"] == 2 and folder["watching"]
+    values = [p.value if isinstance(p.value, dict) else p.value.__dict__ for p in session.progress]
+    begins = [v for v in values if v["kind"] == "begin"]
+    assert begins and begins[0]["title"] == "rest-lsp: rebuilding the index"
+    assert any(v["kind"] == "end" for v in values)
+
+    with pytest.raises(JsonRpcException) as exc:
+        await session._wait(session.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command="rest-lsp.nope")))
+    assert error_code(exc.value) == -32602 and "rest-lsp.nope" in str(exc.value)
