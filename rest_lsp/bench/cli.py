@@ -9,6 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
+
 from .methods import METHODS
 
 
@@ -92,6 +94,9 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--rest-policy", default="rest", help="the rest method's draft sources (see docs/bench.md)")
     p.add_argument("--draft-budget", type=int, default=None,
                    help="rest: draft nodes per step (default: calibrated per step from c(q))")
+    p.add_argument("--verifier", default="auto", choices=list(VERIFIER_KINDS),
+                   help="the verifier ar, rest-paper and rest share (default auto: the fast one where it supports "
+                        "the model, else eager, as the daemon); pld always runs transformers' generate")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--plot", default=None, help="write a PNG of tokens/s and mean accepted tokens per method")
@@ -127,7 +132,7 @@ def bench_main(argv: list[str] | None = None) -> int:
         corpus, repo, store = _datastores(args, _tokenizer_spec(lm), Path(tmp))
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
                            repository=repo, store=store, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
-                           warmup=not args.no_warmup, log=_log)
+                           verifier=args.verifier, warmup=not args.no_warmup, log=_log)
     report["prompts"] = args.prompts
     report["datastore"] = args.datastore
     report["repo"] = args.repo

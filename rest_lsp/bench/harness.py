@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .methods import Run, make_method
+from .methods import Run, SharedVerifier, make_method
 from .prompts import BenchPrompt
 
 WARMUP_TEXT = "def warm_up(x):\n    return"
@@ -87,14 +87,20 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_new_tokens: int = 128,
               corpus=None, repository=None, store=None, rest_policy: str = "rest",
-              rest_budget: int | None = None,
+              rest_budget: int | None = None, verifier: str = "auto",
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
+    """verifier: the kind (rest_lsp.model.verifiers) that ar, rest-paper and rest share; pld always runs
+    transformers' generate."""
+    from rest_lsp.model.verifiers import make_verifier_or_eager
+
     log = log or (lambda s: None)
     methods = list(dict.fromkeys(methods))
     # ar first: the other methods compare their outputs with its
     order = (["ar"] if "ar" in methods else []) + [m for m in methods if m != "ar"]
+    shared = SharedVerifier(make_verifier_or_eager(loaded, verifier))
+    log(f"verifier: {shared.kind} (asked: {verifier})")
     runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, store=store,
-                              rest_policy=rest_policy, rest_budget=rest_budget) for m in order}
+                              rest_policy=rest_policy, rest_budget=rest_budget, shared=shared) for m in order}
     if warmup:
         ids = loaded.build_prompt(WARMUP_TEXT)
         for m in order:
@@ -130,6 +136,7 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
         "n_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "rest_policy": rest_policy,
+        "verifier": shared.kind,
         "cost_ms": None if cost is None else {"qs": list(cost.qs), "ms": list(cost.ms)},
         "torch_threads": torch.get_num_threads(),
         "platform": {"python": sys.version.split()[0], "torch": torch.__version__,

@@ -2,7 +2,8 @@
 
     ar          plain greedy: the engine's own loop with no draft sources (one token per forward, through
                 the same verifier as the speculative methods, so the comparison measures drafting alone)
-    pld         transformers' prompt-lookup decoding: `generate(prompt_lookup_num_tokens=10)`, greedy
+    pld         transformers' prompt-lookup decoding: `generate(prompt_lookup_num_tokens=10)`, greedy; always
+                transformers' own forward (generate cannot drive a `Verifier`), whatever --verifier says
     rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
                 order, a 64-node trie by raw counts
     rest        the engine's own policy (`default_sources`: context, history, the datastore with the repository
@@ -33,12 +34,30 @@ class Run:
     accepted_sources: dict[str, int] = field(default_factory=dict)
 
 
+class SharedVerifier:
+    """One verifier (one KV cache, one packed copy of the weights) for all the engine methods. The engines
+    run in turn, so an engine whose turn comes after another's forgets its record of the cache."""
+
+    def __init__(self, verifier):
+        from rest_lsp.model.verifiers import verifier_kind
+
+        self.verifier = verifier
+        self.kind = verifier_kind(verifier)
+        self.owner = None
+
+    def claim(self, engine) -> None:
+        if self.owner is not engine:
+            engine._forget_cache()
+            self.owner = engine
+
+
 class EngineMethod:
     """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
 
     def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, store=None,
-                 draft_budget: int | None = None, draft_len: int = 10):
+                 draft_budget: int | None = None, draft_len: int = 10, shared: SharedVerifier | None = None):
         from rest_lsp.engine import Engine
+        from rest_lsp.model.verifiers import make_verifier_or_eager
 
         from .policy import build_sources
 
@@ -48,24 +67,27 @@ class EngineMethod:
         self.draft_budget = draft_budget if self.sources else None
         self.draft_len = draft_len
         # one engine for all prompts, as the daemon keeps one: its acceptance calibration and the sources'
-        # state carry over; between prompts it keeps only the KV of a shared prompt prefix
-        self.engine = Engine(loaded, self.sources, max_draft_nodes=64, draft_len=draft_len,
-                             eos_token_ids=loaded.stop_ids)
+        # state carry over; the verifier is shared with the other engine methods (see SharedVerifier)
+        self.shared = shared or SharedVerifier(make_verifier_or_eager(loaded, "eager"))
+        self.engine = Engine(loaded, self.sources, verifier=self.shared.verifier, max_draft_nodes=64,
+                             draft_len=draft_len, eos_token_ids=loaded.stop_ids)
 
     @property
     def cost(self):
         return self.engine.cost
 
     def describe(self) -> dict:
-        return {"loop": "rest_lsp.engine.Engine", "policy": self.policy,
+        return {"loop": "rest_lsp.engine.Engine", "verifier": self.shared.kind, "policy": self.policy,
                 "sources": {s.name: round(w, 4) for s, w in self.sources},
                 "draft_budget": self.draft_budget if self.sources else 0, "draft_len": self.draft_len}
 
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
         from rest_lsp.engine import GenerationConfig
 
+        self.shared.claim(self.engine)
         if self.sources and self.draft_budget is None and self.engine.cost is None:
-            self.engine._cost()  # calibrate c(q) outside the timed call (cached on disk per model/precision)
+            # calibrate c(q) outside the timed call: cached on disk per model/precision/verifier kind
+            self.engine._cost()
         cfg = GenerationConfig(max_new_tokens=max_new_tokens,
                                draft_budget=self.draft_budget if self.sources else 0)
         res = self.engine.generate(list(prompt_ids), cfg)
@@ -99,7 +121,8 @@ class PldMethod:
         self.num_tokens = num_tokens
 
     def describe(self) -> dict:
-        return {"loop": "transformers generate", "prompt_lookup_num_tokens": self.num_tokens}
+        return {"loop": "transformers generate", "verifier": "transformers",
+                "prompt_lookup_num_tokens": self.num_tokens}
 
     @torch.inference_mode()
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
@@ -127,18 +150,19 @@ class PldMethod:
 
 
 def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, rest_policy: str = "rest",
-                rest_budget: int | None = None):
+                rest_budget: int | None = None, shared: SharedVerifier | None = None):
+    """shared: the verifier of the engine methods (None: an eager one of their own)."""
     from .policy import PolicyError
 
     if name == "ar":
-        return EngineMethod(loaded, None)
+        return EngineMethod(loaded, None, shared=shared)
     if name == "pld":
         return PldMethod(loaded)
     if name == "rest-paper":
         if corpus is None:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
-        return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64)
+        return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64, shared=shared)
     if name == "rest":
         return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, store=store,
-                            draft_budget=rest_budget)
+                            draft_budget=rest_budget, shared=shared)
     raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

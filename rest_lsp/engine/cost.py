@@ -132,7 +132,8 @@ def cache_dir() -> Path:
 
 def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     threads = torch.get_num_threads()
-    kind = type(verifier).__name__ + ("-compiled" if getattr(verifier, "compiled", False) else "")
+    # FastVerifier's kind (packed, screened, compiled): each has its own c(q)
+    kind = type(verifier).__name__ + (f"-{verifier.kind}" if getattr(verifier, "kind", None) else "")
     raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)
 

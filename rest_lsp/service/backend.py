@@ -47,14 +47,11 @@ class EngineBackend:
                    (DatastoreSource(repository, name="repository"), SHARES["repository"])]
         if self.corpus is not None:
             sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
-        self.verifier_kind = "eager"
-        try:   # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
-            from rest_lsp.model.fast import make_verifier
-            verifier = make_verifier(loaded, "auto")
-            self.verifier_kind = type(verifier).__name__
-        except Exception as exc:  # noqa: BLE001 - the eager verifier always works
-            log.warning("fast verifier unavailable (%s); using transformers' forward", exc)
-            verifier = None
+        from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
+
+        # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
+        verifier = make_verifier_or_eager(loaded, "auto")
+        self.verifier_kind = verifier_kind(verifier)
         # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
         # plain run the same forward and share the reuse of the prompt's prefix
         self.engine = Engine(loaded, sources, verifier=verifier)

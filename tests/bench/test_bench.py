@@ -86,3 +86,49 @@ def test_bad_jsonl_rows(tmp_path):
     f.write_text('{"prompt": "x", "suffix": "y"}\n\n{"prompt": "z"}\n')
     rows = load_prompts(str(f))
     assert [(r.prefix, r.suffix) for r in rows] == [("x", "y"), ("z", None)]
+
+
+def test_bench_verifier_kinds_give_identical_tokens(tiny_dir, prompts_file, tmp_path):
+    """ar and rest share the --verifier kind (recorded in the report); auto (the fast verifier on this Qwen2
+    tiny model where the CPU allows, else eager) emits exactly eager's tokens."""
+    reports = {}
+    for kind in ("eager", "auto"):
+        out = tmp_path / f"{kind}.json"
+        rc = bench_main(["--model", str(tiny_dir), "--prompts", str(prompts_file), "--methods", "ar,rest",
+                         "--max-new-tokens", "16", "--json", str(out), "--no-warmup", "--device", "cpu",
+                         "--verifier", kind])
+        assert rc == 0
+        reports[kind] = json.loads(out.read_text())
+    eager, auto = reports["eager"], reports["auto"]
+    assert eager["verifier"] == "eager" and auto["verifier"] in ("eager", "packed", "screened")
+    for r in (eager, auto):
+        assert {m["config"]["verifier"] for m in r["methods"].values()} == {r["verifier"]}
+        assert r["methods"]["rest"]["identical_to_ar"] == 1.0
+    for name in ("ar", "rest"):
+        tokens = [[p["output_ids"] for p in r["methods"][name]["per_prompt"]] for r in (eager, auto)]
+        assert tokens[0] == tokens[1] and sum(map(len, tokens[0])) > 0, name
+
+
+def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
+    """make_verifier_or_eager: auto falls back to eager where the fast verifier cannot run the model, an
+    explicit kind fails instead; each kind gets its own c(q) cache key."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from rest_lsp.engine.cost import cost_key
+    from rest_lsp.model.fast import UnsupportedModel
+    from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
+
+    torch.manual_seed(0)
+    windowed = MistralForCausalLM(MistralConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=32)).eval()
+    assert verifier_kind(make_verifier_or_eager(windowed, "auto")) == "eager"
+    with pytest.raises(UnsupportedModel, match="architecture"):
+        make_verifier_or_eager(windowed, "packed")
+    with pytest.raises(ValueError, match="verifier kind"):
+        make_verifier_or_eager(tiny_lm, "fastest")
+    keys = {k: cost_key("tiny", "fp32", "cpu", make_verifier_or_eager(tiny_lm, k))
+            for k in ("eager", "packed", "screened")}
+    assert [verifier_kind(make_verifier_or_eager(tiny_lm, k)) for k in keys] == list(keys)
+    assert len(set(keys.values())) == 3
