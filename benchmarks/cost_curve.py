@@ -38,26 +38,39 @@ def random_tree(q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return depth_t, mask
 
 
-@torch.inference_mode()
-def cost_curve(verifier, vocab: int, qs, past: int, repeats: int, clock=time.perf_counter) -> dict[int, float]:
-    gen = torch.Generator().manual_seed(0)
+def _prefill(verifier, context: torch.Tensor) -> None:
+    past = len(context)
     verifier.truncate(0)
-    verifier.forward(torch.randint(0, vocab, (past,), generator=gen), torch.arange(past),
-                     torch.ones(past, past, dtype=torch.bool).tril_())
-    out = {}
-    for q in qs:
-        depths, mask = random_tree(q, gen)
-        times = []
-        for r in range(repeats + 1):  # the first call of each size is a warm-up (and compiles a bucket)
+    verifier.forward(context, torch.arange(past), torch.ones(past, past, dtype=torch.bool).tril_())
+
+
+@torch.inference_mode()
+def cost_curves(verifiers: dict, vocab: int, qs, past: int, repeats: int,
+                clock=time.perf_counter) -> dict[str, dict[int, float]]:
+    """Median ms of a q-token forward per verifier and q. Every round visits every q and every verifier in
+    turn, so a burst of load from other processes spreads over all cells instead of spoiling one."""
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab, (past,), generator=gen)
+    for v in verifiers.values():
+        _prefill(v, context)
+    trees = {q: random_tree(q, gen) for q in qs}
+    times: dict[str, dict[int, list[float]]] = {k: {q: [] for q in qs} for k in verifiers}
+    for r in range(repeats + 1):  # round 0 is a warm-up (and compiles the buckets)
+        for q in qs:
+            depths, mask = trees[q]
             tokens = torch.randint(0, vocab, (q,), generator=gen)
-            t = clock()
-            verifier.forward(tokens, depths, mask)
-            dt = clock() - t
-            verifier.truncate(past)
-            if r:
-                times.append(dt * 1e3)
-        out[q] = statistics.median(times)
-        print(f"  q={q:3d}  {out[q]:8.1f} ms  (min {min(times):.1f}, max {max(times):.1f})", flush=True)
+            for k, v in verifiers.items():
+                t = clock()
+                v.forward(tokens, depths, mask)
+                dt = clock() - t
+                v.truncate(past)
+                if r:
+                    times[k][q].append(dt * 1e3)
+        print(f"  round {r}/{repeats} done", flush=True)
+    out = {k: {q: statistics.median(times[k][q]) for q in qs} for k in verifiers}
+    for q in qs:
+        print(f"  q={q:3d}  " + "  ".join(
+            f"{k} {out[k][q]:7.1f} ms (min {min(times[k][q]):.1f})" for k in verifiers), flush=True)
     return out
 
 
@@ -67,9 +80,7 @@ def profile_forward(verifier, vocab: int, q: int, past: int, top: int = 20) -> l
     from torch.profiler import ProfilerActivity, profile
 
     gen = torch.Generator().manual_seed(1)
-    verifier.truncate(0)
-    verifier.forward(torch.randint(0, vocab, (past,), generator=gen), torch.arange(past),
-                     torch.ones(past, past, dtype=torch.bool).tril_())
+    _prefill(verifier, torch.randint(0, vocab, (past,), generator=gen))
     depths, mask = random_tree(q, gen)
     for _ in range(2):
         verifier.forward(torch.randint(0, vocab, (q,), generator=gen), depths, mask)
@@ -143,8 +154,9 @@ def main(argv=None) -> None:
     vocab = loaded.vocab_size
     report = {"clock": args.clock, "model": loaded.name, "precision": loaded.precision, "past": args.past, "repeats": repeats,
               "threads": torch.get_num_threads(), "torch": torch.__version__, "kinds": {}}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    verifiers = {}
     for kind in args.kinds.split(","):
-        t = time.perf_counter()
         extra = {}
         if args.min_rows and kind in ("packed", "screened", "auto"):
             extra["min_rows"] = args.min_rows
@@ -152,25 +164,26 @@ def main(argv=None) -> None:
             extra["mode"] = args.mode
             if args.buckets:
                 extra["buckets"] = tuple(int(x) for x in args.buckets.split(","))
+        t = time.perf_counter()
         verifier = make_verifier(loaded, kind, max_len=args.past + max(qs) + 16, **extra)
         setup = time.perf_counter() - t
-        warm = {}
-        if hasattr(verifier, "warm_up"):
-            warm = verifier.warm_up()
+        warm = verifier.warm_up() if hasattr(verifier, "warm_up") else {}
         print(f"{kind} ({type(verifier).__name__}): set up in {setup:.1f} s"
               + (f"; compile per bucket {', '.join(f'q{b}: {s:.0f} s' for b, s in warm.items())}" if warm else ""),
               flush=True)
-        clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        ms = cost_curve(verifier, vocab, qs, args.past, repeats, clock)
-        entry = {"setup_s": setup, "compile_s": warm, "ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+        verifiers[kind] = verifier
+        report["kinds"][kind] = {"setup_s": setup, "compile_s": warm}
+    curves = cost_curves(verifiers, vocab, qs, args.past, repeats, clock)
+    for kind, verifier in verifiers.items():
+        entry = report["kinds"][kind]
+        ms = curves[kind]
+        entry.update(ms=ms, ratio={q: ms[q] / ms[qs[0]] for q in qs})
         if args.plain:
             tokens, per_token = plain_decoding(verifier, loaded.tokenizer.encode(PLAIN_PROMPT), args.plain, clock)
             entry["plain_ms_per_token"], entry["plain_tokens"] = per_token, tokens
-            print(f"  plain decoding: {per_token:.1f} ms/token over {args.plain} tokens", flush=True)
+            print(f"  {kind} plain decoding: {per_token:.1f} ms/token over {args.plain} tokens", flush=True)
         if args.profile:
             entry["profile"] = profile_forward(verifier, vocab, args.profile, args.past)
-        report["kinds"][kind] = entry
-        del verifier
 
     kinds = list(report["kinds"])
     print(f"\nc(q) in ms after a {args.past}-token cache, median of {repeats} "
