@@ -13,6 +13,7 @@ Greedy output is token-for-token what plain greedy decoding gives; with no draft
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from .stops import StopChecker
 from .tree import DraftTree, accept_greedy, accept_sampled, flatten, rank_nodes, sampling_probs
 from .trie import match_strength, mix
 from .verifier import HFVerifier, Verifier, chain_mask
+
+log = logging.getLogger(__name__)
 
 # Prompt tokens per prefill forward: should_stop is polled between chunks, so a long prompt (seconds on a
 # CPU) can be cancelled; larger chunks save little once a forward is this wide.
@@ -85,6 +88,11 @@ class Engine:
         self.verifier: Verifier = verifier or HFVerifier(self.model, None if bare else getattr(loaded, "device", None))
         total = sum(share for _, share in sources) or 1.0
         self.sources: list[tuple[DraftSource, float]] = [(s, share / total) for s, share in sources]
+        if self.precision == "int8" and self.sources:
+            # quantize_dynamic picks one activation scale per call, so a row's logits depend on the other rows
+            # of a verification (docs/cpu.md): tree drafts would change the output. Decode plainly, exactly.
+            log.warning("int8 dynamic quantization is not batch-invariant: speculation is off, decoding is plain")
+            self.sources = []
         self.cost = cost
         self.calibration = Calibration()  # learns how far the trie's estimates are off, across calls
         self.max_draft_nodes = max_draft_nodes
