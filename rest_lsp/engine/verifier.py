@@ -39,6 +39,17 @@ def chain_mask(q: int, device: torch.device | str | None = None) -> torch.Tensor
     return torch.ones(q, q, dtype=torch.bool, device=device).tril_()
 
 
+def kept_slots(past_len: int, last_q: int, indices: Sequence[int]) -> tuple[int, list[int], torch.Tensor | None]:
+    """For Verifier.keep: (first slot of the last forward, the kept indices, their cache slots to move into
+    place, or None when they already sit in place: a chain prefix needs only a crop)."""
+    base, idx = past_len - last_q, list(indices)
+    if any(not 0 <= i < last_q for i in idx):
+        raise IndexError(f"keep: indices must lie in [0, {last_q}), got {idx}")
+    if idx == list(range(len(idx))):
+        return base, idx, None
+    return base, idx, torch.tensor([base + i for i in idx], dtype=torch.long)
+
+
 class HFVerifier:
     """Eager verifier over any Hugging Face causal LM whose cache is a `DynamicCache` (Qwen2, Llama, ...).
 
@@ -91,13 +102,9 @@ class HFVerifier:
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int]) -> None:
-        q = self._last_q
-        base = self.past_len - q
-        idx = list(indices)
-        if any(not 0 <= i < q for i in idx):
-            raise IndexError(f"keep: indices must lie in [0, {q}), got {idx}")
-        if idx != list(range(len(idx))):  # a chain prefix needs no copy, only the crop below
-            src = torch.tensor([base + i for i in idx], dtype=torch.long, device=self.device)
+        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
+        if src is not None:
+            src = src.to(self.device)
             for layer in self.cache.layers:
                 # keys/values [batch, heads, seq, head_dim]: move the path into place, crop the rest
                 layer.keys[:, :, base : base + len(idx)] = layer.keys.index_select(2, src)

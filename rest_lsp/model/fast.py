@@ -33,6 +33,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from rest_lsp.engine.verifier import kept_slots
+
 KINDS = ("auto", "eager", "packed", "screened", "compiled")
 SUPPORTED_ARCHS = ("qwen2", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
@@ -330,13 +332,8 @@ class FastVerifier:
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int]) -> None:
-        q = self._last_q
-        base = self.past_len - q
-        idx = list(indices)
-        if any(not 0 <= i < q for i in idx):
-            raise IndexError(f"keep: indices must lie in [0, {q}), got {idx}")
-        if idx != list(range(len(idx))):  # a chain prefix is already in place
-            src = torch.tensor([base + i for i in idx], dtype=torch.long)
+        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
+        if src is not None:  # a chain prefix is already in place
             cache = self.cache  # [L, 2, nkv, max_len, hd]
             cache[:, :, :, base : base + len(idx)] = cache.index_select(3, src)
         self.past_len = base + len(idx)
