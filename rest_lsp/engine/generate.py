@@ -41,6 +41,7 @@ class GenerationConfig:
     time_budget_s: float | None = None
     max_lines: int | None = None
     stop_text: str | None = None  # e.g. the infill's suffix: stop where the output starts repeating it
+    stop_fn: Callable[[str], int | None] | None = None  # the caller's rule: where the text so far is complete
     temperature: float = 0.0  # 0: greedy (exact)
     top_p: float = 1.0
     seed: int | None = None

@@ -66,8 +66,8 @@ class StopChecker:
         self.start = start
         self.final_tokens: list[int] = []
         self.final_text = ""
-        if tokenizer is None and (config.max_lines is not None or config.stop_text):
-            raise ValueError("max_lines and stop_text need a tokenizer")
+        if tokenizer is None and (config.max_lines is not None or config.stop_text or config.stop_fn):
+            raise ValueError("max_lines, stop_text and stop_fn need a tokenizer")
 
     def check(self, out: list[int], should_stop: Callable[[], bool] | None) -> str | None:
         cfg = self.config
@@ -86,6 +86,9 @@ class StopChecker:
                 tokens = tokens[: self._covering(tokens, len(text))]
         if cfg.max_lines is not None and (cut := lines_cut(text, cfg.max_lines)) is not None:
             text, reason = text[:cut], "max_lines"
+            tokens = tokens[: self._covering(tokens, cut)]
+        if cfg.stop_fn is not None and (cut := cfg.stop_fn(text)) is not None:
+            text, reason = text[:cut], "stop_fn"
             tokens = tokens[: self._covering(tokens, cut)]
         self.final_tokens, self.final_text = list(tokens), text
         if reason is None and cfg.time_budget_s is not None and time.perf_counter() - self.start >= cfg.time_budget_s:

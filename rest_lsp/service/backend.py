@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .config import ServerConfig, prompt_windows
 from .core import Attempt
 from .datastores import DatastoreSet
-from .prompt import CompletionContext
+from .prompt import CompletionContext, block_end_cut
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class EngineBackend:
             time_budget_s=time_budget_s,
             max_lines=config.max_lines if ctx.multiline else 1,
             stop_text=ctx.stop_text() if ctx.multiline else None,
+            stop_fn=partial(block_end_cut, block_indent=ctx.block_indent()) if ctx.multiline else None,
             temperature=temperature, seed=seed)
         t0 = time.perf_counter()
         r = self.engine.generate(prompt, gen, should_stop=should_stop)

@@ -57,6 +57,11 @@ class CompletionContext:
         cut = self.suffix.rfind("\n", 0, max_chars)
         return self.suffix[: cut + 1 if cut > 0 else max_chars]
 
+    def block_indent(self) -> int:
+        """Indentation below which a later line has left the cursor's block (one more after a block opener)."""
+        line_before = self.prefix[self.prefix.rfind("\n") + 1:]
+        return _indent(line_before) if not line_before.strip() else _indent(line_before) + 1
+
     def stop_text(self) -> str | None:
         """The first non-blank line after the cursor's line: a multi-line infill stops before repeating it."""
         for ln in self.suffix.split("\n", 8)[1:8]:
@@ -138,6 +143,17 @@ def _indent(line: str) -> int:
     return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 
+def block_end_cut(text: str, block_indent: int) -> int | None:
+    """Where a multi-line completion has left the cursor's block: the start of the first later line whose
+    visible text is indented less than block_indent (the engine's stop_fn, so decoding ends there), or None."""
+    offset = 0
+    for i, ln in enumerate(text.split("\n")):
+        if i > 0 and ln.strip() and _indent(ln) < block_indent:
+            return offset
+        offset += len(ln) + 1
+    return None
+
+
 def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool) -> str:
     """Cut the model's text to what the editor should show.
 
@@ -163,15 +179,13 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     if truncated and len(lines) > 1:
         lines = lines[:-1]                    # the last line is incomplete
     stop = ctx.stop_text()
-    line_before = ctx.prefix[ctx.prefix.rfind("\n") + 1:]
-    block_indent = _indent(line_before) if not line_before.strip() else _indent(line_before) + 1
+    end = block_end_cut("\n".join(lines), ctx.block_indent())
+    if end is not None:                       # the block the cursor is in has ended
+        lines = "\n".join(lines)[:end].split("\n")
     out: list[str] = []
     for i, ln in enumerate(lines[:max_lines]):
-        if i > 0 and ln.strip():
-            if stop and ln.strip() == stop:
-                break                         # the model reached the code after the cursor
-            if _indent(ln) < block_indent:
-                break                         # the block the cursor is in has ended
+        if i > 0 and stop and ln.strip() == stop:
+            break                             # the model reached the code after the cursor
         out.append(ln)
     while out and not out[-1].strip():
         out.pop()

@@ -125,3 +125,17 @@ def test_stop_text_with_max_lines_and_at_the_end_of_sequence():
     eos_engine.tokenizer = CharTokenizer()
     res = eos_engine.generate(prompt, GenerationConfig(max_new_tokens=60, stop_text=first[-2:]))
     assert res.stop_reason == "stop_text" and res.text == first[:-2]
+
+
+def test_stop_fn_ends_decoding_where_the_caller_says():
+    """A caller's rule (the daemon's block end) stops decoding early and cuts the output at its offset."""
+    model, engine = _engine(seed=2)
+    prompt = random_prompt(2, 8)
+    full = engine.generate(prompt, GenerationConfig(max_new_tokens=30, draft_budget=0))
+    cut_at = 5
+    res = engine.generate(prompt, GenerationConfig(
+        max_new_tokens=30, draft_budget=0, stop_fn=lambda text: cut_at if len(text) > cut_at else None))
+    assert res.stop_reason == "stop_fn"
+    assert res.text == full.text[:cut_at]
+    assert res.tokens == full.tokens[:cut_at]      # one character per token with this tokenizer
+    assert res.steps < full.steps                  # decoding ended early, not only the text

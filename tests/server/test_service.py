@@ -258,3 +258,19 @@ def test_multi_line_stops_where_the_block_ends():
     body = "\n    if x:\n        return 1\n    return 2\nprint(f(3))"
     assert shape_completion(body, opener, max_lines=8, truncated=False) == \
         "\n    if x:\n        return 1\n    return 2"
+
+
+def test_decoding_stops_where_the_block_ends():
+    """block_end_cut is the engine's stop_fn for multi-line requests: it must agree with the shaping rule and
+    fire only once a later line's indentation is known."""
+    from rest_lsp.service.prompt import block_end_cut
+
+    ctx = build_context("class A:\n    def total(self):\n        \n\n    def other(self):\n        pass\n", 2, 8)
+    indent = ctx.block_indent()
+    assert indent == 8
+    assert block_end_cut("return sum(self.items)\n\n    ", indent) is None     # the next line is not known yet
+    text = "return sum(self.items)\n\n    def more(self):"
+    cut = block_end_cut(text, indent)
+    assert text[:cut] == "return sum(self.items)\n\n"
+    assert shape_completion(text, ctx, max_lines=8, truncated=False) == "return sum(self.items)"
+    assert build_context("def f(x):", 0, 9).block_indent() == 1                 # after an opener: deeper
