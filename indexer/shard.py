@@ -449,6 +449,11 @@ class Shard:
             pos = pos[~dead]
         return pos
 
+    def first(self, lo: int, hi: int, n: int) -> np.ndarray:
+        """Positions of the first n occurrences in suffix-array order, masked documents removed (the
+        REST reference code's biased sample; `search(first_k=True)`)."""
+        return self.sample(lo, min(hi, lo + n), n)
+
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         """Distinct continuations after a match of length n at positions pos (in SA order).
         Returns (rows [u, max_len] int64 padded with the sentinel, lengths [u], counts [u])."""
@@ -587,6 +592,10 @@ class ScanShard:
         if r <= quota:
             return starts.astype(np.int64)
         return starts[(np.arange(quota, dtype=np.int64) * r) // quota].astype(np.int64)
+
+    def first(self, lo: int, hi: int, n: int) -> np.ndarray:
+        """The first n occurrences in text order: a scan shard has no suffix array."""
+        return self.sample(lo, hi, hi - lo)[:n]
 
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         # positions are in text order here, not suffix order: sort the rows before grouping them

@@ -215,11 +215,13 @@ class Datastore:
 
     # ---- search ----------------------------------------------------------------------------------
     def search(self, context: Sequence[int], *, n_max: int = 16, n_min: int = 2, k: int = 5000,
-               max_len: int = 10, limit: int | None = None) -> SearchResult:
+               max_len: int = 10, limit: int | None = None, first_k: bool = False) -> SearchResult:
         """Longest suffix of `context` (n_max down to n_min tokens) that occurs in any shard, and up to
         k of its occurrences' continuations (up to max_len tokens, never past a document's end), spread
         evenly over the whole match range of each shard, merged with each shard's weight. `limit`: return
-        only that many continuations, the heaviest (saves building the objects of the long tail)."""
+        only that many continuations, the heaviest (saves building the objects of the long tail).
+        `first_k`: take the first k occurrences in suffix-array order instead, shard by shard in snapshot
+        order, as the REST reference code does (a biased sample, kept for the `rest-paper` baseline)."""
         if self._auto_refresh:
             now = time.monotonic()
             if now >= self._next_refresh:
@@ -269,9 +271,16 @@ class Datastore:
             return SearchResult(best, total, [])
         rows_l, cnt_l, wts_l = [], [], []
         cols = np.arange(max_len)[None, :]
+        left = k
         for sh, c, lo, hi in info:
-            quota = (hi - lo) if total <= k else max(1, round(k * c / total))
-            pos = sh.sample(lo, hi, quota)
+            if first_k:
+                if left <= 0:
+                    break
+                pos = sh.first(lo, hi, left)
+                left -= int(pos.size)
+            else:
+                quota = (hi - lo) if total <= k else max(1, round(k * c / total))
+                pos = sh.sample(lo, hi, quota)
             uniq, lengths, counts = sh.continuations(pos, best, max_len)  # [u, max_len], [u], [u]
             keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
             uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]

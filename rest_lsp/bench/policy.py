@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 
 PRESETS = {
     "paper": "paper=1",
@@ -107,68 +106,10 @@ class PaperSource:
         self.last_match_len: int | None = 0
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
-        conts = first_k_continuations(self.datastore, context, n_max=self.n_max, n_min=self.n_min, k=self.k,
-                                      max_len=max_len)
-        self.last_match_len = conts[0] if conts else 0
-        return conts[1] if conts else []
+        r = self.datastore.search(context, n_max=self.n_max, n_min=self.n_min, k=self.k, max_len=max_len,
+                                  first_k=True)
+        self.last_match_len = r.match_len
+        return [(c.tokens, float(c.count)) for c in r.continuations]  # raw counts, as the reference weighs
 
     def observe(self, tokens: Sequence[int]) -> None:
         pass
-
-
-def first_k_continuations(ds, context: Sequence[int], *, n_max: int, n_min: int, k: int, max_len: int):
-    """(match_len, [(continuation, count)]) over the first k occurrences in suffix-array order, or None.
-
-    `Datastore.search` spreads its sample evenly over all matches (the project's fix of exactly this bias)
-    and has no first-k mode, so this walks the datastore's shards with the same primitives `search` uses
-    (`encode`, `longest`, `count`, `sample`, `continuations`)."""
-    shards = ds._snapshot
-    ctx = [int(x) for x in list(context[-n_max:])]
-    for i in range(len(ctx) - 1, -1, -1):
-        if not 0 <= ctx[i] < ds.sentinel:
-            ctx = ctx[i + 1:]
-            break
-    n_min = max(1, n_min)
-    if len(ctx) < n_min or not shards:
-        return None
-    ctx_a = np.asarray(ctx, dtype=np.int64)
-    best, hits = 0, []
-    for sh in shards:
-        cb = _encode(sh, ctx_a)
-        n = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
-        if n == 0:
-            continue
-        if n > best:
-            best, hits = n, [(sh, cb)]
-        else:
-            hits.append((sh, cb))
-    if best == 0:
-        return None
-    acc: dict[tuple[int, ...], int] = {}
-    left = k
-    for sh, cb in hits:  # largest shards first (the snapshot's order): "first k" across shards in that order
-        if left <= 0:
-            break
-        c, lo, hi = sh.count(cb[-best * sh.width:])
-        if c <= 0:
-            continue
-        if hasattr(sh, "sa"):
-            top = min(hi, lo + left)
-            pos = sh.sample(lo, top, top - lo)
-        else:  # a scan shard has no suffix array: first in text order
-            pos = sh.sample(lo, hi, hi - lo)[:left]
-        left -= int(pos.size)
-        uniq, lengths, counts = sh.continuations(np.asarray(pos, dtype=np.int64), best, max_len)
-        for row, ln, cnt in zip(uniq.tolist(), lengths.tolist(), counts.tolist()):
-            if ln > 0:
-                t = tuple(row[:ln])
-                acc[t] = acc.get(t, 0) + cnt
-    conts = sorted(acc.items(), key=lambda kv: (-kv[1], kv[0]))
-    return best, [(t, float(c)) for t, c in conts]
-
-
-def _encode(shard, ctx: np.ndarray) -> bytes:
-    """The context as the shard stores tokens (big-endian; ranks for a compacted shard)."""
-    if hasattr(shard, "encode"):
-        return shard.encode(ctx)
-    return ctx.astype(">u2" if shard.width == 2 else ">u4").tobytes()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rest_lsp.bench.cli import replay_main
-from rest_lsp.bench.policy import PolicyError, build_sources, first_k_continuations, parse_policy
+from rest_lsp.bench.policy import PolicyError, build_sources, parse_policy
 from rest_lsp.bench.prompts import load_prompts
 from rest_lsp.bench.replay import LOOKAHEAD, Drafter, evaluate, greedy_record, read_records, replay_one
 from rest_lsp.engine.cost import CostModel
@@ -96,7 +96,8 @@ def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
     (sh,) = ds._snapshot
     stored = np.asarray(sh.tok, dtype=np.int64)[: sh.n]  # as stored (ids, or ranks when compacted)
     context = tiny_lm.tokenizer.encode("        if ", add_special_tokens=False)
-    n, conts = first_k_continuations(ds, context, n_max=16, n_min=1, k=5, max_len=3)
+    r = ds.search(context, n_max=16, n_min=1, k=5, max_len=3, first_k=True)
+    n, conts = r.match_len, [(c.tokens, c.count) for c in r.continuations]
     encoded = sh.encode(np.asarray(context, dtype=np.int64))
     pat = np.frombuffer(encoded, dtype=">u2" if sh.width == 2 else ">u4").astype(np.int64)[-n:].tolist()
     hits = [i for i in range(len(stored) - n) if stored[i:i + n].tolist() == pat]
