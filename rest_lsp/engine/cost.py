@@ -42,6 +42,13 @@ class CostModel:
         slope = max(0.0, (ms[-1] - ms[-2]) / (qs[-1] - qs[-2]))  # beyond the table: linear
         return ms[-1] + slope * (q - qs[-1])
 
+    def upto(self, n: int) -> list[float]:
+        """[c(1), ..., c(n)], computed once per length (the drafter asks for it every step)."""
+        cache = self.__dict__.setdefault("_upto", {})
+        if n not in cache:
+            cache[n] = [self(q) for q in range(1, n + 1)]
+        return cache[n]
+
     def ratios(self) -> dict[int, float]:
         return {q: m / self.ms[0] for q, m in zip(self.qs, self.ms)}
 
@@ -58,10 +65,11 @@ def best_size(probs: Sequence[float], cost: CostModel) -> int:
     are 1 (the model's own next token) plus the expected accepted nodes. Scanning every k (not stopping at
     the first loss) copes with cost curves that are flat for a while and then jump.
     """
-    best_k, best_rate, gained = 0, 1.0 / cost(1), 0.0
+    costs = cost.upto(len(probs) + 1)  # costs[k] = c(k + 1)
+    best_k, best_rate, gained = 0, 1.0 / costs[0], 0.0
     for k, p in enumerate(probs, start=1):
         gained += p
-        rate = (1.0 + gained) / cost(k + 1)
+        rate = (1.0 + gained) / costs[k]
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k

@@ -268,7 +268,7 @@ class Engine:
         if listeners:
             topk = logits.topk(max(getattr(s, "k", 4) for s in listeners), dim=-1).indices.tolist()  # [q, k]
             for s in listeners:
-                s.observe_forward(tree.tokens, topk)
+                s.observe_forward(tree.tokens, topk, tree.parents)
 
     def calibrate(self, *, force: bool = False, **measure_kw) -> CostModel:
         """Measure c(q) now (or read it from the user cache): call at start-up to keep the measurement

@@ -2,6 +2,7 @@
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from rest_lsp.engine import ContextSource, DatastoreSource, Engine, GenerationConfig, HistorySource, RecyclingSource
 from rest_lsp.engine.sources import suffix_matches
@@ -85,9 +86,23 @@ def test_datastore_source_wraps_search():
     store = FakeDatastore([1, 2, 3, 4, 5, 9, 2, 3, 4, 6])
     src = DatastoreSource(store, name="repo", n_max=8, k=100)
     props = src.propose([7, 2, 3], 2)
-    assert dict(props) == {(4, 5): 1.0, (4, 6): 1.0}
-    assert src.last_match_len == 2 and store.calls[-1] == (8, 2, 100, 2)
+    assert dict(props) == {(4, 5): 2.0, (4, 6): 2.0}  # normalised, times the match length squared
+    assert src.last_match_len == 2 and store.calls == [(8, 2, 100, 2)]  # no shorter level to back off to
     assert src.propose([42, 43], 2) == [] and src.last_match_len == 0
+
+
+def test_datastore_source_backs_off_to_short_matches():
+    # "1 2 3" occurs once (-> 7), "2 3" five times, mostly -> 4
+    store = FakeDatastore([1, 2, 3, 7, 0, 2, 3, 4, 0, 2, 3, 4, 0, 2, 3, 4, 0, 2, 3, 5, 0])
+    src = DatastoreSource(store, n_max=8, k=100)
+    props = dict(src.propose([1, 2, 3], 1))
+    assert src.last_match_len == 3 and [c[:2] for c in store.calls] == [(8, 2), (2, 2)]
+    # each level normalised, times its match length squared: "1 2 3" -> 7 (all of it) times 3^2; "2 3" -> 4
+    # (3 of 5), 5 (1 of 5), 7 (1 of 5) times 2^2
+    assert props == pytest.approx({(7,): 9.0 + 4.0 / 5, (4,): 4.0 * 3 / 5, (5,): 4.0 / 5})
+    store.calls.clear()
+    assert dict(DatastoreSource(store, n_max=8, backoff=()).propose([1, 2, 3], 1)) == {(7,): 9.0}
+    assert len(store.calls) == 1
 
 
 def test_datastore_drafts_are_accepted_and_output_stays_exact():
@@ -113,6 +128,29 @@ def test_recycling_source_learns_from_forwards():
     engine = Engine(model, [(RecyclingSource(), 1.0)], eos_token_ids=[])
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=40, draft_budget=6))
     assert res.tokens == plain_greedy(model, prompt, 40)
+    assert engine.sources[0][0].table  # the engine fed it every verified row
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=40, draft_budget=6))  # the same text again
+    assert res.tokens == plain_greedy(model, prompt, 40) and res.accepted_sources.get("recycle", 0) > 0
+
+
+def test_recycling_source_keys_rows_by_the_tokens_before_them():
+    src = RecyclingSource(k=2, depth=1, branching=(1,), order=2)
+    src.begin([1, 2])  # the context ends "1 2"; 2 is the pending root
+    # a tree: root 2, children 3 and 4 (siblings), 5 under 4; each row's key is its own path
+    src.observe_forward([2, 3, 4, 5], [[30, 0], [31, 0], [41, 0], [51, 0]], parents=[-1, 0, 0, 2])
+    assert src.table[(1, 2)] == (30, 0) and src.table[(2, 3)] == (31, 0)
+    assert src.table[(2, 4)] == (41, 0) and src.table[(4, 5)] == (51, 0)
+    assert (3, 4) not in src.table  # 4 is 3's sibling, not its child
+    src.observe([4, 8])  # the step accepted 4, then the model chose 8: the new root
+    src.observe_forward([8, 5], [[80, 0], [55, 0]])  # a chain: 5 after "4 8", keyed "8 5" (and "5")
+    assert src.table[(4, 8)] == (80, 0) and src.table[(8, 5)] == (55, 0) and src.table[(5,)] == (55, 0)
+    assert dict(src.propose([9, 4, 5], 1)) == {(51,): 1.0}  # "4 5" seen: the longer key beats the latest "5"
+    assert dict(src.propose([9, 0, 5], 1)) == {(55,): 1.0}  # "0 5" unseen: back off to "5"
+    assert dict(src.propose([4, 8], 1)) == {(80,): 1.0}
+    assert src.propose([7, 99], 1) == []
+    small = RecyclingSource(k=1, order=1, capacity=2)
+    small.observe_forward([1, 2, 3], [[10], [20], [30]])
+    assert list(small.table) == [(2,), (3,)]  # the oldest key went first
 
 
 def test_default_sources_mix_everything_given():
