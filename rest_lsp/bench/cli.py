@@ -169,6 +169,8 @@ def replay_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost", default=None,
                    help="c(q) table: notes-cpu, flat, record, or a JSON file (a bench report's cost_ms works)")
     p.add_argument("--draft-len", type=int, default=10)
+    p.add_argument("--acceptance-lr", type=float, default=None,
+                   help="how fast the node ranking learns online (default: the engine's; 0: rank by trie mass)")
     p.add_argument("--json", default=None)
     _model_args(p)
     return p
@@ -176,6 +178,7 @@ def replay_parser() -> argparse.ArgumentParser:
 
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
+    lr = {} if args.acceptance_lr is None else {"acceptance_lr": args.acceptance_lr}
     from indexer.embedded import cache_root
 
     from .policy import PolicyError, parse_policy
@@ -186,6 +189,8 @@ def replay_main(argv: list[str] | None = None) -> int:
     try:
         for pol in policies:
             parse_policy(pol)
+        if args.acceptance_lr is not None and not args.acceptance_lr >= 0:
+            raise ValueError(f"--acceptance-lr must be >= 0, got {args.acceptance_lr}")
         budgets = []
         for b in args.budgets.split(","):
             b = b.strip()
@@ -231,7 +236,7 @@ def replay_main(argv: list[str] | None = None) -> int:
             for b in budgets:
                 try:
                     results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo, store=store,
-                                            draft_len=args.draft_len))
+                                            draft_len=args.draft_len, **lr))
                 except PolicyError as e:
                     _log(f"rest-lsp replay: {e}")
                     return 2

@@ -182,7 +182,9 @@ class Drafter:
     (sources with normalised shares, c(q), the online acceptance calibration, the node and length limits).
     Calling the engine's method itself keeps the replay in step with the engine as it changes."""
 
-    def __init__(self, sources, cost, *, max_draft_nodes: int = 64, draft_len: int = 10):
+    def __init__(self, sources, cost, *, max_draft_nodes: int = 64, draft_len: int = 10,
+                 acceptance_lr: float = 0.02):
+        from rest_lsp.engine.acceptance import AcceptanceModel
         from rest_lsp.engine.cost import Calibration
         from rest_lsp.engine.generate import Engine
 
@@ -191,19 +193,49 @@ class Drafter:
         e.sources = [(src, w / total) for src, w in sources]
         e.cost = cost
         e.calibration = Calibration()
+        e.acceptance = AcceptanceModel(lr=acceptance_lr)
         e.max_draft_nodes = max_draft_nodes
         e.draft_len = draft_len
         self.engine = e
         self.sources = e.sources
+        self.last_trie = None  # the full trie of the last draft, before ranking cut it (for `covered`)
+        trie_of = e._trie
+
+        def keep_trie(context):
+            self.last_trie = trie_of(context)
+            return self.last_trie
+
+        e._trie = keep_trie
 
     def draft(self, context: Sequence[int], budget: int | None):
         from rest_lsp.engine.generate import GenerationConfig
 
+        self.last_trie = None
         return self.engine._draft(list(context), GenerationConfig(draft_budget=budget))
+
+    def covered(self, truth: Sequence[int]) -> int:
+        """How many tokens of the true continuation the last draft's full trie holds: what the step would
+        accept if the ranking had picked the right path (the sources' ceiling, not the policy's)."""
+        trie, node, n = self.last_trie, 0, 0
+        if trie is None:
+            return 0
+        while n < len(truth) and (node := trie.children[node].get(truth[n], -1)) >= 0:
+            n += 1
+        return n
 
     def accepted(self, tree, n_accepted: int) -> None:
         """What the engine learns after a step (`Engine._record`): its estimate against the outcome."""
         self.engine.calibration.update(sum(tree.probs[1:]), n_accepted)
+
+    def begin(self) -> None:
+        self.engine.acceptance.begin()
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Tokens appended to the output (`Engine._observe`): the acceptance model learns from them."""
+        self.engine.acceptance.observe(tokens)
+
+    def finish(self) -> None:
+        self.engine.acceptance.finish()
 
 
 @dataclass
@@ -213,6 +245,7 @@ class Step:
     accepted: int  # accepted draft tokens
     retrieval_ms: float
     sources: list[str]  # the source of each accepted node
+    covered: int = 0  # true tokens the step's full trie held (>= accepted)
 
 
 def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
@@ -230,6 +263,8 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
         if hasattr(s, "begin"):
             s.begin(rec.prompt_ids)
         s.observe([out[0]])
+    drafter.begin()
+    drafter.observe([out[0]])
     context = list(rec.prompt_ids) + [out[0]]
     i = 0  # out[i] is the pending root: i + 1 tokens are out
     steps: list[Step] = []
@@ -245,7 +280,8 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
         kept = new[: max(0, limit - i - 1)]
         if rec.end_token is not None and rec.end_token in kept:
             kept = kept[: kept.index(rec.end_token)]
-        steps.append(Step(len(tree), len(kept), len(path) - 1, ms, [tree.sources[c] for c in path[1:]]))
+        steps.append(Step(len(tree), len(kept), len(path) - 1, ms, [tree.sources[c] for c in path[1:]],
+                          drafter.covered(out[i + 1:])))
         drafter.accepted(tree, len(path) - 1)
         listeners = [s for s, _ in sources if hasattr(s, "observe_forward")]
         if listeners and rec.topk:
@@ -254,20 +290,24 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
                 s.observe_forward([tree.tokens[c] for c in path][: len(rows)], rows)
         for s, _ in sources:
             s.observe(new)
+        drafter.observe(new)
         context += new
         i += len(new)
+    drafter.finish()
     return steps
 
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
-             repository=None, store=None, max_draft_nodes: int = 64, draft_len: int = 10) -> dict:
+             repository=None, store=None, max_draft_nodes: int = 64, draft_len: int = 10,
+             acceptance_lr: float = 0.02) -> dict:
     """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
     run in order through one drafter, as prompts through one long-running engine."""
     from .policy import build_sources
 
     t = time.perf_counter()
     sources = build_sources(policy, corpus=corpus, repository=repository, store=store)
-    drafter = Drafter(sources, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len)
+    drafter = Drafter(sources, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
+                      acceptance_lr=acceptance_lr)
     steps: list[Step] = []
     per_prompt = []
     for rec in records:
@@ -295,6 +335,9 @@ def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *
         "steps": len(steps),
         "tokens": tokens,
         "mean_accepted": tokens / len(steps) if steps else None,
+        # tokens per step had every step taken the best path its sources offered (the same steps): the
+        # ceiling of ranking; the gap to mean_accepted is what a better choice of nodes could still win
+        "covered_mean_accepted": float(np.mean([1 + x.covered for x in steps])) if steps else None,
         "mean_tree_nodes": float(np.mean([x.q - 1 for x in steps])) if steps else None,
         "projected_speedup": (tokens * c1) / (spec_ms + sum(retr)) if steps else None,
         "projected_speedup_no_retrieval": (tokens * c1) / spec_ms if steps else None,
@@ -309,7 +352,7 @@ def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *
 
 
 def format_table(results: Sequence[dict]) -> str:
-    head = (f"{'policy':<40} {'budget':>6} {'M':>5} {'nodes':>6} {'proj.x':>6} {'no-ret':>6} "
+    head = (f"{'policy':<40} {'budget':>6} {'M':>5} {'cover':>5} {'nodes':>6} {'proj.x':>6} {'no-ret':>6} "
             f"{'ret p99':>7}  sources (accepted runs)")
     lines = [head, "-" * len(head)]
 
@@ -319,6 +362,6 @@ def format_table(results: Sequence[dict]) -> str:
     for r in results:
         runs = ", ".join(f"{k} {v}" for k, v in sorted(r["runs_by_source"].items(), key=lambda kv: -kv[1]))
         lines.append(f"{r['policy'][:40]:<40} {str(r['budget']):>6} {f(r['mean_accepted'], '5.2f')} "
-                     f"{f(r['mean_tree_nodes'], '6.1f')} {f(r['projected_speedup'], '6.2f')} "
+                     f"{f(r.get('covered_mean_accepted'), '5.2f')} {f(r['mean_tree_nodes'], '6.1f')} {f(r['projected_speedup'], '6.2f')} "
                      f"{f(r['projected_speedup_no_retrieval'], '6.2f')} {f(r['retrieval_ms_p99'], '7.2f')}  {runs}")
     return "\n".join(lines)

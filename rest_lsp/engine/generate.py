@@ -21,11 +21,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from .acceptance import AcceptanceModel
 from .cost import Calibration, CostModel, best_size, cost_key, load_or_measure
 from .sources import DraftSource
 from .stops import StopChecker
 from .tree import DraftTree, accept_greedy, accept_sampled, flatten, rank_nodes, sampling_probs
-from .trie import match_strength, mix
+from .trie import TokenTrie, match_strength, mix
 from .verifier import HFVerifier, Verifier, chain_mask
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,12 @@ class Engine:
         max_draft_nodes: int = 64,
         draft_len: int = 10,
         eos_token_ids: Sequence[int] | None = None,
+        acceptance_lr: float = 0.02,
     ):
         """loaded: a LoadedModel (rest_lsp.model.host), or any object with .model and .tokenizer, or a bare
         HF causal LM. sources: (source, share) pairs; shares are normalised to sum to 1. cost: c(q); None
-        measures it on first use of an automatic budget (cached per model/precision/device)."""
+        measures it on first use of an automatic budget (cached per model/precision/device). acceptance_lr:
+        how fast the node ranking learns from the engine's own steps (0: rank by the trie's mass)."""
         bare = isinstance(loaded, torch.nn.Module)  # a HF causal LM has its own `.model` (the decoder)
         self.model = loaded if bare else loaded.model
         self.tokenizer = None if bare else getattr(loaded, "tokenizer", None)
@@ -96,6 +99,7 @@ class Engine:
             self.sources = []
         self.cost = cost
         self.calibration = Calibration()  # learns how far the trie's estimates are off, across calls
+        self.acceptance = AcceptanceModel(lr=acceptance_lr)  # learns which nodes get accepted, across calls
         self.max_draft_nodes = max_draft_nodes
         self.draft_len = draft_len
         if eos_token_ids is None:  # eos, the generation config's eos, and the FIM family's end-of-infill tokens
@@ -131,6 +135,7 @@ class Engine:
         for source, _ in self.sources:
             if hasattr(source, "begin"):
                 source.begin(prompt)
+        self.acceptance.begin()
 
         reused = self._reuse_prefix(prompt)
         logits = self._prefill(prompt, reused, should_stop)  # [V], the last prompt position
@@ -156,6 +161,7 @@ class Engine:
             self._observe_forward(tree, logits)
             self._observe(new)
             out += new
+        self.acceptance.finish()
         self._cached = prompt + out[:-1]
         res.tokens, res.text = stops.final_tokens, stops.final_text
         res.stop_reason = reason
@@ -225,16 +231,24 @@ class Engine:
         budget = self.max_draft_nodes if config.draft_budget is None else config.draft_budget
         if not self.sources or budget <= 0:
             return DraftTree.single(context[-1])
+        return self._select(self._trie(context), budget, config)
+
+    def _trie(self, context: list[int]) -> TokenTrie:
+        """Every source's continuations of the context, mixed by share into one trie."""
         proposals = []
         for source, share in self.sources:
             conts = source.propose(context, self.draft_len)
             proposals.append((source.name, share, match_strength(getattr(source, "last_match_len", None)), conts))
-        trie = mix(context[-1], proposals)
-        order = rank_nodes(trie, budget)
+        return mix(context[-1], proposals)
+
+    def _select(self, trie: TokenTrie, budget: int, config: GenerationConfig) -> DraftTree:
+        """The best `budget` nodes by estimated acceptance, cut where c(q) makes another node a loss."""
+        est = self.acceptance.estimate(trie)  # [N] each node's chance of acceptance
+        order = rank_nodes(trie, budget, est)
         if config.draft_budget is None:
             scale = self.calibration.scale()
-            order = order[: best_size([min(1.0, trie.mass[n] * scale) for n in order], self._cost())]
-        return flatten(trie, order)
+            order = order[: best_size([min(1.0, est[n] * scale) for n in order], self._cost())]
+        return flatten(trie, order, est)
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, rng) -> tuple[list[int], int]:
         if config.temperature <= 0:
@@ -262,6 +276,7 @@ class Engine:
     def _observe(self, tokens: list[int]) -> None:
         for source, _ in self.sources:
             source.observe(tokens)
+        self.acceptance.observe(tokens)
 
     def _observe_forward(self, tree: DraftTree, logits: torch.Tensor) -> None:
         listeners = [s for s, _ in self.sources if hasattr(s, "observe_forward")]

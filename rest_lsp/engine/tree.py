@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -54,14 +54,14 @@ class DraftTree:
         )
 
 
-def rank_nodes(trie: TokenTrie, max_nodes: int) -> list[int]:
-    """Up to max_nodes trie nodes, best first by estimated acceptance (the node's mass).
+def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | None = None) -> list[int]:
+    """Up to max_nodes trie nodes, best first by estimated acceptance (`score`, default the node's mass).
 
-    Mass never grows down a path, so best-first expansion from the root keeps every prefix of the
+    The score never grows down a path, so best-first expansion from the root keeps every prefix of the
     ranking a connected tree (each node comes after its parent).
     """
     order: list[int] = []
-    mass = trie.mass
+    mass = trie.mass if score is None else score
     heap = [(-mass[c], c) for c in trie.children[0].values()]
     heapq.heapify(heap)
     while heap and len(order) < max_nodes:
@@ -72,8 +72,10 @@ def rank_nodes(trie: TokenTrie, max_nodes: int) -> list[int]:
     return order
 
 
-def flatten(trie: TokenTrie, order: list[int]) -> DraftTree:
-    """The root plus the chosen nodes (parents before children) as a DraftTree."""
+def flatten(trie: TokenTrie, order: list[int], probs: Sequence[float] | None = None) -> DraftTree:
+    """The root plus the chosen nodes (parents before children) as a DraftTree; probs: each node's
+    estimated acceptance (default its mass)."""
+    probs = trie.mass if probs is None else probs
     index = {0: 0}
     tree = DraftTree.single(trie.tokens[0])
     for n in order:
@@ -81,7 +83,7 @@ def flatten(trie: TokenTrie, order: list[int]) -> DraftTree:
         tree.tokens.append(trie.tokens[n])
         tree.parents.append(index[trie.parents[n]])
         tree.depths.append(trie.depths[n])
-        tree.probs.append(min(1.0, trie.mass[n]))
+        tree.probs.append(min(1.0, float(probs[n])))
         tree.sources.append(trie.source[n])
     return tree
 

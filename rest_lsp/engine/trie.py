@@ -15,7 +15,10 @@ class TokenTrie:
     """Continuations after a fixed root token; node 0 is the root. Nodes live in parallel lists (a few
     thousand are added per step, so no per-node objects)."""
 
-    def __init__(self, root_token: int):
+    def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
+        self.names = list(names)  # the sources, in the order of `smass`'s columns
+        self.strengths = list(strengths) or [1.0] * len(self.names)
+        self.smass: list[list[float]] = [[0.0] * len(self.names)]  # per node, the mass from each source
         self.tokens: list[int] = [root_token]
         self.parents: list[int] = [-1]
         self.depths: list[int] = [0]  # the root (the token already decided) is depth 0
@@ -26,8 +29,11 @@ class TokenTrie:
 
     def add(self, tokens: Sequence[int], weight: float, source: str = "") -> None:
         """Add one continuation: every node along its path gains `weight`."""
+        si = self.names.index(source) if source in self.names else -1
         node = 0
         self.mass[0] += weight
+        if si >= 0:
+            self.smass[0][si] += weight
         for tok in tokens:
             child = self.children[node].get(tok)
             if child is None:
@@ -39,11 +45,14 @@ class TokenTrie:
                 self.mass.append(0.0)
                 self.children.append({})
                 self.source.append(source)
+                self.smass.append([0.0] * len(self.names))
                 self._best.append(weight)
             elif weight > self._best[child]:
                 self._best[child], self.source[child] = weight, source
             node = child
             self.mass[node] += weight
+            if si >= 0:
+                self.smass[node][si] += weight
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -68,7 +77,8 @@ def mix(
     Shares should sum to at most 1 over the configured sources: a source with nothing to say leaves
     its share unclaimed, which keeps the root mass (and every estimate below it) honest.
     """
-    trie = TokenTrie(root_token)
+    proposals = list(proposals)
+    trie = TokenTrie(root_token, [p[0] for p in proposals], [p[2] for p in proposals])
     for name, share, strength, conts in proposals:
         conts = [(t, float(w)) for t, w in conts if len(t) > 0 and w > 0]
         total = sum(w for _, w in conts)

@@ -86,6 +86,28 @@ def test_evaluate_reports(records, corpus_dir, tiny_lm):
     assert r["projected_speedup_no_retrieval"] > 0
     flat = evaluate(records, "rest", 16, CostModel.flat(), corpus=corpus)
     assert flat["projected_speedup_no_retrieval"] == pytest.approx(flat["mean_accepted"])
+    # coverage: what the full trie held; never below what the step accepted, and with one node per step it
+    # shows the ceiling the ranking left behind
+    one = evaluate(records, "rest", 1, COST, corpus=corpus)
+    assert one["covered_mean_accepted"] > 1 + sum(int(k) * v for k, v in one["accepted_histogram"].items()) / one["steps"]
+    assert none["covered_mean_accepted"] == 1.0  # no sources asked, no trie
+
+
+def test_covered_walks_the_full_trie(records):
+    drafter = Drafter(build_sources("context=1"), COST)
+    rec = records[0]
+    context = rec.prompt_ids + rec.output_ids[:30]
+    tree = drafter.draft(context, 1)
+    trie = drafter.last_trie
+    assert trie is not None and len(trie) > len(tree)  # ranking kept one node of many
+    # the trie's own paths are covered to their full depth, anything else not at all
+    leaf = max(range(len(trie)), key=lambda n: trie.depths[n])
+    path = []
+    while leaf:
+        path.insert(0, trie.tokens[leaf])
+        leaf = trie.parents[leaf]
+    assert drafter.covered(path + [10**9]) == len(path)
+    assert drafter.covered([10**9] + path) == 0
 
 
 def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
@@ -155,6 +177,16 @@ def test_replay_cli_records_once(tiny_dir, prompts_file, corpus_dir, tmp_path, m
     assert "budget" in capsys.readouterr().out
     assert replay_main(base + ["--policy", "bogus"]) == 2
     assert replay_main(base + ["--cost", str(tmp_path / "missing.json")]) == 2
+    assert replay_main(base + ["--acceptance-lr", "-1"]) == 2
+    frozen = tmp_path / "frozen.json"  # lr 0: the trie's mass ranks, as evaluate(acceptance_lr=0) does
+    assert replay_main(base + ["--datastore", str(corpus_dir), "--budgets", "4", "--cost", "flat",
+                               "--acceptance-lr", "0", "--json", str(frozen)]) == 0
+    from indexer.store import Datastore
+
+    corpus = Datastore.open(corpus_dir, tokenizer=str(tiny_dir))
+    want = evaluate(recs, "rest", 4, CostModel.flat(), corpus=corpus, acceptance_lr=0)
+    got = json.loads(frozen.read_text())["results"][0]
+    assert (got["steps"], got["accepted_histogram"]) == (want["steps"], want["accepted_histogram"])
 
 
 def test_replay_default_record_in_cache(tiny_dir, prompts_file, tmp_path, monkeypatch):
