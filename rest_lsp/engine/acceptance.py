@@ -21,6 +21,7 @@ import numpy as np
 from .trie import TokenTrie
 
 _EPS = 1e-4
+_MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd step from saturating
 
 
 def features(trie: TokenTrie) -> np.ndarray:
@@ -106,4 +107,6 @@ class AcceptanceModel:
         if rows and self.weights is not None and x.shape[1] == len(self.weights):
             xr, y = x[rows], np.asarray(labels)
             p = 1.0 / (1.0 + np.exp(-(xr @ self.weights)))
-            self.weights -= self.lr * (xr.T @ (p - y) + self.l2 * self.weights)
+            new = self.weights - self.lr * (xr.T @ (p - y) + self.l2 * self.weights)
+            if np.all(np.isfinite(new)):  # a long-running daemon must never rank by NaN
+                self.weights = np.clip(new, -_MAX_WEIGHT, _MAX_WEIGHT)
