@@ -28,7 +28,7 @@ def features(trie: TokenTrie) -> np.ndarray:
     """[N, 3 * sources + 6] per node (row 0, the root, is unused)."""
     parents = np.asarray(trie.parents)
     parents[0] = 0
-    smass = np.asarray(trie.smass, dtype=np.float64).reshape(len(trie), -1)  # [N, S]
+    smass = np.asarray(trie.smass, dtype=np.float64).reshape(len(trie), len(trie.names))  # [N, S]
     above = smass[parents]
     frac = np.divide(smass, above, out=np.zeros_like(smass), where=above > 0)  # [N, S]
     strength = np.asarray(trie.strengths, dtype=np.float64)[None, :]

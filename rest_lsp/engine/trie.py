@@ -18,7 +18,8 @@ class TokenTrie:
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
         self.names = list(names)  # the sources, in the order of `smass`'s columns
         self.strengths = list(strengths) or [1.0] * len(self.names)
-        self.smass: list[list[float]] = [[0.0] * len(self.names)]  # per node, the mass from each source
+        # the mass from each source, flat: node n's share from source s at n * len(names) + s
+        self.smass: list[float] = [0.0] * len(self.names)
         self.tokens: list[int] = [root_token]
         self.parents: list[int] = [-1]
         self.depths: list[int] = [0]  # the root (the token already decided) is depth 0
@@ -29,30 +30,34 @@ class TokenTrie:
 
     def add(self, tokens: Sequence[int], weight: float, source: str = "") -> None:
         """Add one continuation: every node along its path gains `weight`."""
+        # locals: this loop runs for every token of every continuation, about a thousand per step
+        n_src = len(self.names)
         si = self.names.index(source) if source in self.names else -1
+        children, mass, smass, best = self.children, self.mass, self.smass, self._best
+        zeros = [0.0] * n_src
         node = 0
-        self.mass[0] += weight
+        mass[0] += weight
         if si >= 0:
-            self.smass[0][si] += weight
+            smass[si] += weight
         for tok in tokens:
-            child = self.children[node].get(tok)
+            child = children[node].get(tok)
             if child is None:
-                child = len(self.tokens)
-                self.children[node][tok] = child
+                child = len(mass)
+                children[node][tok] = child
                 self.tokens.append(tok)
                 self.parents.append(node)
                 self.depths.append(self.depths[node] + 1)
-                self.mass.append(0.0)
-                self.children.append({})
+                mass.append(0.0)
+                children.append({})
                 self.source.append(source)
-                self.smass.append([0.0] * len(self.names))
-                self._best.append(weight)
-            elif weight > self._best[child]:
-                self._best[child], self.source[child] = weight, source
+                smass.extend(zeros)
+                best.append(weight)
+            elif weight > best[child]:
+                best[child], self.source[child] = weight, source
             node = child
-            self.mass[node] += weight
+            mass[node] += weight
             if si >= 0:
-                self.smass[node][si] += weight
+                smass[node * n_src + si] += weight
 
     def __len__(self) -> int:
         return len(self.tokens)
