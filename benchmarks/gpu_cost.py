@@ -1,0 +1,156 @@
+"""c(q) for a model *shape* with random weights (no download), on a GPU, and what it makes of REST's drafts.
+
+The figure issue 6 asks for when a GPU is lent: the verification cost curve of CodeLlama-7B shapes in bf16,
+through the engine's own tree verifier (`HFVerifier`: a tree mask, position ids by depth, the KV cache kept
+between calls), and the projected speedup M / (c(q)/c(1)) for the draft sizes the replay measured. Timing
+synchronises the device around every forward. One prepared run (about 2-3 minutes on an H200):
+
+    python benchmarks/gpu_cost.py --shape codellama-7b --device cuda --replay replay.json --json gpu-cost.json
+
+`--replay` takes a `rest-lsp replay --json` report (M per draft budget; a budget of n nodes verifies n + 1
+tokens). `--shape tiny --device cpu` runs the same code in seconds (the test suite does).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = {  # LlamaConfig fields; vocab and sizes as the published configs
+    "codellama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32016, max_position_embeddings=16384,
+                         rope_theta=1_000_000.0),
+    "codellama-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                          num_key_value_heads=40, vocab_size=32016, max_position_embeddings=16384,
+                          rope_theta=1_000_000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048),
+}
+QS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """A Llama causal LM of the named shape, random weights, built directly on the device in `dtype`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], attn_implementation="eager")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def cost_curve(model: torch.nn.Module, device: str, qs, past: int, repeats: int) -> dict[int, float]:
+    """Median ms of one q-token tree verification after a `past`-token cache, for each q (round-robin)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cost_curve import random_tree
+
+    from rest_lsp.engine.verifier import HFVerifier, chain_mask
+
+    verifier = HFVerifier(model, device)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab, (past,), generator=gen)
+    verifier.truncate(0)
+    verifier.forward(context.to(device), torch.arange(past, device=device), chain_mask(past, device))
+    trees = {q: random_tree(q, gen) for q in qs}
+    times: dict[int, list[float]] = {q: [] for q in qs}
+    for r in range(repeats + 1):  # round 0 warms every shape up
+        for q in qs:
+            depths, mask = trees[q]
+            tokens = torch.randint(0, vocab, (q,), generator=gen).to(device)
+            depths, mask = depths.to(device), mask.to(device)
+            _sync(device)
+            t = time.perf_counter()
+            verifier.forward(tokens, depths, mask)
+            _sync(device)
+            if r:
+                times[q].append((time.perf_counter() - t) * 1e3)
+            verifier.truncate(past)
+    return {q: statistics.median(times[q]) for q in qs}
+
+
+def projected(ms: dict[int, float], replay: dict) -> list[dict]:
+    """Per policy and budget of a replay report: M, q = nodes + 1 (auto: at its mean tree size), c(q)/c(1) and
+    M / (c(q)/c(1)); budgets beyond the largest measured q are left out rather than extrapolated."""
+    qs = sorted(ms)
+
+    def c(q: float) -> float:  # linear between measured sizes
+        if q <= qs[0]:
+            return ms[qs[0]]
+        for a, b in zip(qs, qs[1:]):
+            if q <= b:
+                return ms[a] + (ms[b] - ms[a]) * (q - a) / (b - a)
+        raise ValueError(f"q={q} is beyond the measured sizes")
+
+    rows = []
+    for r in replay.get("results", []):
+        nodes = r["mean_tree_nodes"] if r["budget"] == "auto" else r["budget"]
+        if r.get("mean_accepted") is None or nodes is None or nodes + 1 > qs[-1]:
+            continue
+        ratio = c(nodes + 1) / ms[qs[0]]
+        rows.append({"policy": r["policy"], "budget": r["budget"], "q": nodes + 1, "M": r["mean_accepted"],
+                     "cost_ratio": ratio, "projected_speedup": r["mean_accepted"] / ratio})
+    return rows
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="codellama-7b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--qs", default=None, help=f"comma list of q (default {','.join(map(str, QS))})")
+    p.add_argument("--past", default="300,1000", help="comma list of cached tokens before each forward")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--replay", default=None, help="a `rest-lsp replay --json` report: projected speedups")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("gpu_cost.py: no CUDA device here (use --device cpu --shape tiny to try the script)")
+    qs = tuple(int(x) for x in args.qs.split(",")) if args.qs else QS
+    t = time.perf_counter()
+    model = random_model(args.shape, args.device, DTYPES[args.dtype])
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"{args.shape} ({sum(x.numel() for x in model.parameters()) / 1e9:.2f}B parameters, {args.dtype}) "
+          f"on {name}: built in {time.perf_counter() - t:.1f} s; torch {torch.__version__}", flush=True)
+    report = {"shape": args.shape, "config": SHAPES[args.shape], "dtype": args.dtype, "device": name,
+              "torch": torch.__version__, "repeats": args.repeats, "curves": {}}
+    for past in (int(x) for x in args.past.split(",")):
+        ms = cost_curve(model, args.device, qs, past, args.repeats)
+        report["curves"][str(past)] = {"ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+        print(f"\nc(q) ms after {past} cached tokens (ratio to q={qs[0]}):")
+        print("| q | " + " | ".join(map(str, qs)) + " |\n|---|" + "---|" * len(qs))
+        print("| ms | " + " | ".join(f"{ms[q]:.1f} ({ms[q] / ms[qs[0]]:.2f})" for q in qs) + " |", flush=True)
+        if args.replay:
+            rows = projected(ms, json.loads(Path(args.replay).read_text()))
+            report["curves"][str(past)]["projected"] = rows
+            print("| policy | budget | q | M | c(q)/c(1) | projected M / (c(q)/c(1)) |\n|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['policy']} | {r['budget']} | {r['q']:.1f} | {r['M']:.2f} | {r['cost_ratio']:.2f} | "
+                      f"{r['projected_speedup']:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
