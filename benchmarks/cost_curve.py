@@ -46,9 +46,10 @@ def _prefill(verifier, context: torch.Tensor) -> None:
 
 @torch.inference_mode()
 def cost_curves(verifiers: dict, vocab: int, qs, past: int, repeats: int,
-                clock=time.perf_counter) -> dict[str, dict[int, float]]:
+                clock=time.perf_counter, sync=lambda: None) -> dict[str, dict[int, float]]:
     """Median ms of a q-token forward per verifier and q. Every round visits every q and every verifier in
-    turn, so a burst of load from other processes spreads over all cells instead of spoiling one."""
+    turn, so a burst of load from other processes spreads over all cells instead of spoiling one. sync: waits
+    for the device (a GPU runs asynchronously: torch.cuda.synchronize)."""
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (past,), generator=gen)
     for v in verifiers.values():
@@ -60,8 +61,10 @@ def cost_curves(verifiers: dict, vocab: int, qs, past: int, repeats: int,
             depths, mask = trees[q]
             tokens = torch.randint(0, vocab, (q,), generator=gen)
             for k, v in verifiers.items():
+                sync()
                 t = clock()
                 v.forward(tokens, depths, mask)
+                sync()
                 dt = clock() - t
                 v.truncate(past)
                 if r:

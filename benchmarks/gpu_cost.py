@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cost_curve.py, its neighbour
 
 SHAPES = {  # LlamaConfig fields; vocab and sizes as the published configs
     "codellama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
@@ -52,55 +52,26 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module
     return model.eval()
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 @torch.inference_mode()
 def cost_curve(model: torch.nn.Module, device: str, qs, past: int, repeats: int) -> dict[int, float]:
-    """Median ms of one q-token tree verification after a `past`-token cache, for each q (round-robin)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from cost_curve import random_tree
+    """Median ms of one q-token tree verification after a `past`-token cache, for each q: cost_curve.py's
+    round-robin loop over the engine's HFVerifier, waiting for the device around every forward."""
+    from cost_curve import cost_curves
 
-    from rest_lsp.engine.verifier import HFVerifier, chain_mask
+    from rest_lsp.engine.verifier import HFVerifier
 
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     verifier = HFVerifier(model, device)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (past,), generator=gen)
-    verifier.truncate(0)
-    verifier.forward(context.to(device), torch.arange(past, device=device), chain_mask(past, device))
-    trees = {q: random_tree(q, gen) for q in qs}
-    times: dict[int, list[float]] = {q: [] for q in qs}
-    for r in range(repeats + 1):  # round 0 warms every shape up
-        for q in qs:
-            depths, mask = trees[q]
-            tokens = torch.randint(0, vocab, (q,), generator=gen).to(device)
-            depths, mask = depths.to(device), mask.to(device)
-            _sync(device)
-            t = time.perf_counter()
-            verifier.forward(tokens, depths, mask)
-            _sync(device)
-            if r:
-                times[q].append((time.perf_counter() - t) * 1e3)
-            verifier.truncate(past)
-    return {q: statistics.median(times[q]) for q in qs}
+    return cost_curves({"eager": verifier}, model.config.vocab_size, qs, past, repeats, sync=sync)["eager"]
 
 
 def projected(ms: dict[int, float], replay: dict) -> list[dict]:
     """Per policy and budget of a replay report: M, q = nodes + 1 (auto: at its mean tree size), c(q)/c(1) and
     M / (c(q)/c(1)); budgets beyond the largest measured q are left out rather than extrapolated."""
+    from rest_lsp.engine.cost import CostModel
+
     qs = sorted(ms)
-
-    def c(q: float) -> float:  # linear between measured sizes
-        if q <= qs[0]:
-            return ms[qs[0]]
-        for a, b in zip(qs, qs[1:]):
-            if q <= b:
-                return ms[a] + (ms[b] - ms[a]) * (q - a) / (b - a)
-        raise ValueError(f"q={q} is beyond the measured sizes")
-
+    c = CostModel(qs, [ms[q] for q in qs])  # linear between measured sizes
     rows = []
     for r in replay.get("results", []):
         nodes = r["mean_tree_nodes"] if r["budget"] == "auto" else r["budget"]

@@ -178,7 +178,6 @@ def replay_parser() -> argparse.ArgumentParser:
 
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
-    lr = {} if args.acceptance_lr is None else {"acceptance_lr": args.acceptance_lr}
     from indexer.embedded import cache_root
 
     from .policy import PolicyError, parse_policy
@@ -236,7 +235,7 @@ def replay_main(argv: list[str] | None = None) -> int:
             for b in budgets:
                 try:
                     results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo, store=store,
-                                            draft_len=args.draft_len, **lr))
+                                            draft_len=args.draft_len, acceptance_lr=args.acceptance_lr))
                 except PolicyError as e:
                     _log(f"rest-lsp replay: {e}")
                     return 2

@@ -183,7 +183,7 @@ class Drafter:
     Calling the engine's method itself keeps the replay in step with the engine as it changes."""
 
     def __init__(self, sources, cost, *, max_draft_nodes: int = 64, draft_len: int = 10,
-                 acceptance_lr: float = 0.02):
+                 acceptance_lr: float | None = None):
         from rest_lsp.engine.acceptance import AcceptanceModel
         from rest_lsp.engine.cost import Calibration
         from rest_lsp.engine.generate import Engine
@@ -193,7 +193,7 @@ class Drafter:
         e.sources = [(src, w / total) for src, w in sources]
         e.cost = cost
         e.calibration = Calibration()
-        e.acceptance = AcceptanceModel(lr=acceptance_lr)
+        e.acceptance = AcceptanceModel() if acceptance_lr is None else AcceptanceModel(lr=acceptance_lr)
         e.max_draft_nodes = max_draft_nodes
         e.draft_len = draft_len
         self.engine = e
@@ -299,7 +299,7 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
              repository=None, store=None, max_draft_nodes: int = 64, draft_len: int = 10,
-             acceptance_lr: float = 0.02) -> dict:
+             acceptance_lr: float | None = None) -> dict:
     """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
     run in order through one drafter, as prompts through one long-running engine."""
     from .policy import build_sources

@@ -20,6 +20,7 @@ import numpy as np
 
 from .trie import TokenTrie
 
+DEFAULT_LR = 0.02  # best of 0.005-0.1 in the 20-prompt HumanEval replay (docs/engine.md)
 _EPS = 1e-4
 _MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd step from saturating
 
@@ -43,6 +44,10 @@ def features(trie: TokenTrie) -> np.ndarray:
     return np.hstack([np.asarray(c, dtype=np.float64).reshape(len(trie), -1) for c in cols])
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
 class AcceptanceModel:
     """Estimates each trie node's chance of acceptance; learns from every step once its outcome is known.
 
@@ -51,7 +56,7 @@ class AcceptanceModel:
     lr = 0: never learns (the trie's mass ranking).
     """
 
-    def __init__(self, lr: float = 0.02, l2: float = 1e-4):
+    def __init__(self, lr: float = DEFAULT_LR, l2: float = 1e-4):
         self.lr, self.l2 = lr, l2
         self.weights: np.ndarray | None = None
         self.sources: tuple[str, ...] = ()
@@ -69,7 +74,7 @@ class AcceptanceModel:
             self.sources = tuple(trie.names)
             self.weights = np.zeros(x.shape[1])
             self.weights[-1] = 1.0  # start as the trie's own estimate
-        cond = 1.0 / (1.0 + np.exp(-(x @ self.weights)))
+        cond = _sigmoid(x @ self.weights)
         parents, depths = np.asarray(trie.parents), np.asarray(trie.depths)
         est = np.ones(len(trie))
         for d in range(1, int(depths.max()) + 1 if len(trie) > 1 else 1):  # parents come before children
@@ -106,7 +111,7 @@ class AcceptanceModel:
             node = kids[tok]
         if rows and self.weights is not None and x.shape[1] == len(self.weights):
             xr, y = x[rows], np.asarray(labels)
-            p = 1.0 / (1.0 + np.exp(-(xr @ self.weights)))
+            p = _sigmoid(xr @ self.weights)
             new = self.weights - self.lr * (xr.T @ (p - y) + self.l2 * self.weights)
             if np.all(np.isfinite(new)):  # a long-running daemon must never rank by NaN
                 self.weights = np.clip(new, -_MAX_WEIGHT, _MAX_WEIGHT)

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .acceptance import AcceptanceModel
+from .acceptance import DEFAULT_LR, AcceptanceModel
 from .cost import Calibration, CostModel, best_size, cost_key, load_or_measure
 from .sources import DraftSource
 from .stops import StopChecker
@@ -78,7 +78,7 @@ class Engine:
         max_draft_nodes: int = 64,
         draft_len: int = 10,
         eos_token_ids: Sequence[int] | None = None,
-        acceptance_lr: float = 0.02,
+        acceptance_lr: float = DEFAULT_LR,
     ):
         """loaded: a LoadedModel (rest_lsp.model.host), or any object with .model and .tokenizer, or a bare
         HF causal LM. sources: (source, share) pairs; shares are normalised to sum to 1. cost: c(q); None

@@ -235,22 +235,22 @@ class RecyclingSource:
         while len(self.table) > self.capacity:
             del self.table[next(iter(self.table))]
 
-    def _lookup(self, tail: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    def _lookup(self, tail: Sequence[int]) -> tuple[int, ...]:
+        """The top-k after the longest suffix of `tail` seen as a key (empty: none)."""
         for n in range(min(self.order, len(tail)), 0, -1):
             hit = self.table.get(tuple(tail[-n:]))
             if hit:
-                return hit, n
-        return (), 0
+                return hit
+        return ()
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         if not context:
             return []
         out: list[tuple[tuple[int, ...], float]] = []
         base = [int(t) for t in context[-self.order :]]
-        self.last_match_len = None
 
         def expand(path: tuple[int, ...], weight: float, level: int) -> None:
-            nxt, n = self._lookup(base + list(path))
+            nxt = self._lookup(base + list(path))
             width = self.branching[level] if level < len(self.branching) else 1
             if level >= min(self.depth, max_len) or not nxt:
                 if path:
