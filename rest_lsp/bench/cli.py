@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rest_lsp.engine.history import HistoryError, history_model_key, load_history, save_history
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
 
 from .methods import METHODS
@@ -27,7 +28,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="humaneval, or a JSONL file of {\"prompt\", \"suffix\"?}")
-    p.add_argument("--limit", type=int, default=None, help="the first N prompts")
+    p.add_argument("--limit", type=int, default=None, help="the first N prompts (after --offset)")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--datastore", default=None, help="corpus datastore directory (rest-index build)")
     p.add_argument("--repo", default=None, help="a repository directory, indexed into a temporary datastore")
@@ -84,6 +86,18 @@ def _write_json(path: str, obj) -> None:
         raise
 
 
+def _history(path: str | None, lm):
+    """The rest method's HistorySource, warmed from a saved history when `path` is given."""
+    from rest_lsp.engine.sources import HistorySource
+
+    history = HistorySource()
+    if path:
+        tokens = load_history(Path(path).expanduser(), history_model_key(lm))
+        history.extend(tokens)
+        _log(f"history: {int((tokens >= 0).sum())} tokens of earlier output from {path}")
+    return history
+
+
 # ---------------------------------------------------------------------------------------- bench
 def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rest-lsp bench",
@@ -97,6 +111,10 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier", default="auto", choices=list(VERIFIER_KINDS),
                    help="the verifier ar, rest-paper and rest share (default auto: the fast one where it supports "
                         "the model, else eager, as the daemon); pld always runs transformers' generate")
+    p.add_argument("--history", default=None,
+                   help="rest: start with this saved history of the model's earlier output (--save-history of "
+                        "an earlier run, or the daemon's), as a daemon that ran before does")
+    p.add_argument("--save-history", default=None, help="rest: save its history (the model's output) here")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--plot", default=None, help="write a PNG of tokens/s and mean accepted tokens per method")
@@ -123,17 +141,27 @@ def bench_main(argv: list[str] | None = None) -> int:
         if "rest-paper" in methods and not args.datastore:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
         parse_policy(args.rest_policy)
-        prompts = load_prompts(args.prompts, args.limit)
+        prompts = load_prompts(args.prompts, args.limit, args.offset)
     except (PolicyError, PromptsError) as e:
         _log(f"rest-lsp bench: {e}")
         return 2
     lm = _load(args)
+    try:
+        history = _history(args.history, lm)
+    except HistoryError as e:
+        _log(f"rest-lsp bench: --history: {e}")
+        return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-bench.") as tmp:
         corpus, repo, store = _datastores(args, _tokenizer_spec(lm), Path(tmp))
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
                            repository=repo, store=store, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
-                           verifier=args.verifier, warmup=not args.no_warmup, log=_log)
+                           rest_history=history, verifier=args.verifier, warmup=not args.no_warmup, log=_log)
+    if args.save_history:
+        save_history(Path(args.save_history).expanduser(), history.tokens(), history_model_key(lm))
+        _log(f"saved the rest method's history ({int((history.tokens() >= 0).sum())} tokens) to {args.save_history}")
+    report["history"] = args.history
     report["prompts"] = args.prompts
+    report["offset"] = args.offset
     report["datastore"] = args.datastore
     report["repo"] = args.repo
     report["command"] = "rest-lsp bench " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -164,6 +192,8 @@ def replay_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", default=None,
                    help="draft policy, repeatable: a preset (rest, paper, pld) or source=share,... "
                         "(sources: context, history, repository, corpus, recycle, paper); default: rest")
+    p.add_argument("--history", default=None,
+                   help="start the history source with this saved history (rest-lsp bench --save-history)")
     p.add_argument("--budgets", default="4,8,16,64,auto", help="draft nodes per step, comma-separated; auto = "
                    "chosen per step from c(q) as the engine does")
     p.add_argument("--cost", default=None,
@@ -204,11 +234,12 @@ def replay_main(argv: list[str] | None = None) -> int:
     else:  # keyed by what was asked for, so a cached record is found without loading the model
         model_id = str(Path(args.model).expanduser().resolve()) if args.model and Path(args.model).expanduser().exists() \
             else (args.model or "embedded")
-        key = record_key(model_id, f"{args.precision}-{args.device}", args.prompts, args.limit, args.max_new_tokens)
+        spec = args.prompts + (f"@{args.offset}" if args.offset else "")
+        key = record_key(model_id, f"{args.precision}-{args.device}", spec, args.limit, args.max_new_tokens)
         rec_path = cache_root() / "replay" / f"{key}.jsonl"
     if args.rerecord or not rec_path.is_file():
         try:
-            prompts = load_prompts(args.prompts, args.limit)
+            prompts = load_prompts(args.prompts, args.limit, args.offset)
         except PromptsError as e:
             _log(f"rest-lsp replay: {e}")
             return 2
@@ -224,7 +255,8 @@ def replay_main(argv: list[str] | None = None) -> int:
          f"{header.get('max_new_tokens')} new tokens)")
     try:
         cost = cost_model(args.cost, header)
-    except (ValueError, OSError) as e:
+        history = load_history(Path(args.history).expanduser(), str(header.get("model"))) if args.history else None
+    except (ValueError, OSError) as e:  # HistoryError is a ValueError
         _log(f"rest-lsp replay: {e}")
         return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
@@ -235,13 +267,14 @@ def replay_main(argv: list[str] | None = None) -> int:
             for b in budgets:
                 try:
                     results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo, store=store,
-                                            draft_len=args.draft_len, acceptance_lr=args.acceptance_lr))
+                                            history=history, draft_len=args.draft_len,
+                                            acceptance_lr=args.acceptance_lr))
                 except PolicyError as e:
                     _log(f"rest-lsp replay: {e}")
                     return 2
     print(format_table(results))
     if args.json:
-        _write_json(args.json, {"record": str(rec_path), "model": header.get("model"),
+        _write_json(args.json, {"record": str(rec_path), "model": header.get("model"), "history": args.history,
                                 "n_prompts": len(records), "max_new_tokens": header.get("max_new_tokens"),
                                 "cost_ms": {"qs": list(cost.qs), "ms": list(cost.ms)}, "results": results})
         _log(f"wrote {args.json}")

@@ -87,10 +87,10 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_new_tokens: int = 128,
               corpus=None, repository=None, store=None, rest_policy: str = "rest",
-              rest_budget: int | None = None, verifier: str = "auto",
+              rest_budget: int | None = None, rest_history=None, verifier: str = "auto",
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """verifier: the kind (rest_lsp.model.verifiers) that ar, rest-paper and rest share; pld always runs
-    transformers' generate."""
+    transformers' generate. rest_history: the rest method's HistorySource (see `make_method`)."""
     from rest_lsp.model.verifiers import make_verifier_or_eager
 
     log = log or (lambda s: None)
@@ -100,7 +100,8 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
     shared = SharedVerifier(make_verifier_or_eager(loaded, verifier))
     log(f"verifier: {shared.kind} (asked: {verifier})")
     runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, store=store,
-                              rest_policy=rest_policy, rest_budget=rest_budget, shared=shared) for m in order}
+                              rest_policy=rest_policy, rest_budget=rest_budget, rest_history=rest_history,
+                              shared=shared) for m in order}
     if warmup:
         ids = loaded.build_prompt(WARMUP_TEXT)
         for m in order:

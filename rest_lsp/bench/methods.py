@@ -54,7 +54,7 @@ class SharedVerifier:
 class EngineMethod:
     """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
 
-    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, store=None,
+    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, store=None, history=None,
                  draft_budget: int | None = None, draft_len: int = 10, shared: SharedVerifier | None = None):
         from rest_lsp.engine import Engine
         from rest_lsp.model.verifiers import make_verifier_or_eager
@@ -63,7 +63,8 @@ class EngineMethod:
 
         self.loaded = loaded
         self.policy = policy
-        self.sources = build_sources(policy, corpus=corpus, repository=repository, store=store) if policy else []
+        self.sources = build_sources(policy, corpus=corpus, repository=repository, store=store,
+                                     history=history) if policy else []
         self.draft_budget = draft_budget if self.sources else None
         self.draft_len = draft_len
         # one engine for all prompts, as the daemon keeps one: its acceptance calibration and the sources'
@@ -150,8 +151,9 @@ class PldMethod:
 
 
 def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, rest_policy: str = "rest",
-                rest_budget: int | None = None, shared: SharedVerifier | None = None):
-    """shared: the verifier of the engine methods (None: an eager one of their own)."""
+                rest_budget: int | None = None, rest_history=None, shared: SharedVerifier | None = None):
+    """shared: the verifier of the engine methods (None: an eager one of their own); rest_history: the rest
+    method's HistorySource (warmed with an earlier run's output, saved afterwards by the caller)."""
     from .policy import PolicyError
 
     if name == "ar":
@@ -164,5 +166,5 @@ def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, 
         return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64, shared=shared)
     if name == "rest":
         return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, store=store,
-                            draft_budget=rest_budget, shared=shared)
+                            history=rest_history, draft_budget=rest_budget, shared=shared)
     raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

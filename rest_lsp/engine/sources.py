@@ -139,6 +139,15 @@ class HistorySource(_MatchingSource):
         self._buf[self._n : self._n + len(new)] = new
         self._n += len(new)
 
+    def tokens(self) -> np.ndarray:
+        """What is kept, oldest first, generations separated by SEPARATOR (a copy: `history.save_history`)."""
+        return self._buf[: self._n].copy()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Add earlier output (`history.load_history`) as generations of their own."""
+        self.begin(())
+        self.observe(tokens)
+
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
         return [(self._buf[: self._n], False)]
 

@@ -1,10 +1,10 @@
 """The real backend: the model host, the REST engine and its draft sources, owned by the inference thread.
 
-Draft sources, mixed by share (the shares that measured best in docs/NOTES: context 0.5, repository 0.3,
-corpus 0.2): the prompt itself and the model's earlier output (`ContextSource`, `HistorySource`), the
-workspace datastores with their live shards of open buffers (`DatastoreSource` over `DatastoreSet`), and the
-configured corpus datastore. Plain decoding (`use_retrieval=False`, or draft_budget 0) runs the same engine
-with no drafts.
+Draft sources, mixed by share (SHARES; the engine normalises them): the prompt itself (`ContextSource`), the
+model's earlier output (`HistorySource`, kept in the cache directory across restarts unless `persist_history`
+is off), the workspace datastores with their live shards of open buffers (`DatastoreSource` over
+`DatastoreSet`), the configured corpus datastore, and the model's own recent top-k (`RecyclingSource`).
+Plain decoding (`use_retrieval=False`, or draft_budget 0) runs the same engine with no drafts.
 """
 from __future__ import annotations
 
@@ -21,15 +21,23 @@ from .prompt import CompletionContext, block_end_cut
 
 log = logging.getLogger(__name__)
 
-SHARES = {"context": 0.5, "repository": 0.3, "corpus": 0.2}
+SHARES = {"context": 0.5, "history": 0.2, "repository": 0.3, "corpus": 0.2, "recycle": 0.05}
+HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the daemon closes)
+
+
+def history_path(cache_dir: Path, model_key: str) -> Path:
+    """Where the daemon keeps the model's output: one file per model (token ids are the tokenizer's)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_key)
+    return cache_dir / "history" / f"{safe}.msgpack"
 
 
 class EngineBackend:
     """Implements rest_lsp.service.core.Backend with rest_lsp.engine."""
 
-    def __init__(self, loaded, repository: DatastoreSet, corpus_path: str | None = None):
+    def __init__(self, loaded, repository: DatastoreSet, corpus_path: str | None = None,
+                 history_file: Path | None = None):
         from rest_lsp.engine.generate import Engine
-        from rest_lsp.engine.sources import ContextSource, DatastoreSource
+        from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
 
         self.loaded = loaded
         self.name = loaded.name
@@ -44,10 +52,17 @@ class EngineBackend:
                 self.corpus_error = f"{type(exc).__name__}: {exc}"
                 log.warning("corpus datastore %s not used: %s", corpus_path, self.corpus_error)
         self.context = ContextSource()
-        sources = [(self.context, SHARES["context"]),
+        self.history = HistorySource()
+        self.history_file = history_file
+        self.history_error: str | None = None
+        self._history_saved = (time.monotonic(), 0)  # (when, tokens kept then)
+        if history_file is not None:
+            self._load_history(history_file)
+        sources = [(self.context, SHARES["context"]), (self.history, SHARES["history"]),
                    (DatastoreSource(repository, name="repository"), SHARES["repository"])]
         if self.corpus is not None:
             sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
+        sources.append((RecyclingSource(), SHARES["recycle"]))
         from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 
         # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
@@ -64,6 +79,45 @@ class EngineBackend:
         from rest_lsp.engine.generate import GenerationConfig
 
         self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
+
+    def _load_history(self, path: Path) -> None:
+        from rest_lsp.engine.history import HistoryError, history_model_key, load_history
+
+        try:
+            self.history.extend(load_history(path, history_model_key(self.loaded)))
+        except HistoryError as exc:
+            if not path.exists():
+                return  # the first run: nothing saved yet
+            # keep the unreadable file for inspection instead of writing over it
+            aside = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+            try:
+                path.replace(aside)
+            except OSError:
+                self.history_file = None  # never overwrite what could not be moved aside
+            self.history_error = str(exc)
+            log.warning("history not loaded: %s (moved to %s)", exc, aside)
+
+    def save_history(self, *, force: bool = True) -> bool:
+        """Write the history (atomically) when it grew; unless `force`, at most every HISTORY_SAVE_S."""
+        from rest_lsp.engine.history import history_model_key, save_history
+
+        if self.history_file is None or (self.config_seen is not None and not self.config_seen.persist_history):
+            return False
+        when, kept = self._history_saved
+        n = len(self.history.tokens())
+        if n == kept or (not force and time.monotonic() - when < HISTORY_SAVE_S):
+            return False
+        try:
+            save_history(self.history_file, self.history.tokens(), history_model_key(self.loaded))
+        except OSError as exc:
+            log.warning("history not saved to %s: %s", self.history_file, exc)
+            return False
+        self._history_saved = (time.monotonic(), n)
+        return True
+
+    def close(self) -> None:
+        """The daemon is closing (the inference thread has stopped): keep the history."""
+        self.save_history()
 
     def forget_kv_cache(self) -> None:
         """Start the next generation from an empty KV cache (fair timing in `complete --compare`)."""
@@ -100,6 +154,7 @@ class EngineBackend:
         t0 = time.perf_counter()
         r = self.engine.generate(prompt, gen, should_stop=should_stop)
         wall = (time.perf_counter() - t0) * 1000
+        self.save_history(force=False)
         return Attempt(text=r.text, stop_reason=r.stop_reason, tokens=len(r.tokens), steps=r.steps,
                        accepted=list(r.accepted), retrieval_ms=float(sum(r.retrieval_ms)),
                        forward_ms=float(sum(r.forward_ms)), prefill_ms=r.prefill_s * 1000,
@@ -110,13 +165,22 @@ class EngineBackend:
         return {"name": lm.name, "device": str(lm.device), "precision": lm.precision, "verifier": self.verifier_kind,
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
-                else self.corpus_error}
+                else self.corpus_error,
+                "history": {"file": str(self.history_file) if self.history_file else None,
+                            "tokens": int((self.history.tokens() >= 0).sum()), "error": self.history_error}}
 
 
 def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -> EngineBackend:
     from rest_lsp.model.host import load_model
 
+    from rest_lsp.engine.history import history_model_key
+
+    from .workspace import default_cache_dir
+
     loaded = load_model(config.model, device=config.device, precision=config.precision)
-    backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus)
+    cache = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    history = history_path(cache, history_model_key(loaded)) if config.persist_history else None
+    backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,
+                            history_file=history)
     backend.warm_up()
     return backend

@@ -30,6 +30,7 @@ class ServerConfig:
     exclude: list[str] = field(default_factory=list)   # gitignore-style patterns not indexed (on top of
                                         # .gitignore, .git, node_modules, venvs, build output and secrets)
     index_workspace: bool = True        # index workspace folders into a per-workspace datastore
+    persist_history: bool = True        # keep the model's output (a draft source) in cache_dir across restarts
     cache_dir: str | None = None        # None: the user cache directory (platformdirs)
     request_log: str | None = None      # JSONL file, one line per request
     alternatives: int = 2               # items for an Invoked trigger (greedy + sampled); Automatic gets 1

@@ -152,7 +152,10 @@ class CompletionService:
         self.stats.request_log = Path(path).expanduser() if path else None
 
     def close(self) -> None:
-        self.worker.close()
+        stopped = self.worker.close()
+        backend = self.worker.backend
+        if stopped and backend is not None and hasattr(backend, "close"):
+            backend.close()
 
     # -- requests ---------------------------------------------------------------------------------
     async def complete(self, req: CompletionRequest) -> CompletionResponse:

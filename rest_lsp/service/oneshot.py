@@ -37,7 +37,9 @@ def run_complete(path: Path, line: int, column: int, *, settings: dict, workspac
     lines = text.split("\n")
     if line >= len(lines):
         raise OneShotError(f"{path} has {len(lines)} lines; line {line + 1} is past the end")
-    config, _, problems = merge(ServerConfig(), settings)
+    # a one-shot run neither reads nor writes the daemon's history: its figures show a cold start, and
+    # running it again must not draft its own earlier answer
+    config, _, problems = merge(ServerConfig(persist_history=False), settings)
     if problems:
         raise OneShotError("; ".join(problems))
     service = CompletionService(config, notify=lambda level, msg: say(f"[{level}] {msg}"))

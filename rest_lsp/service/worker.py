@@ -120,7 +120,8 @@ class InferenceWorker(Generic[B]):
         """Run fn on the worker (for the one-shot CLI and debug requests) and wait for its result."""
         return self.submit(f"__sync__{id(fn)}", fn).future.result(timeout)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the thread; True when it has ended (the backend is no longer in use)."""
         with self._cv:
             self._closed = True
             while self._pending:
@@ -129,6 +130,7 @@ class InferenceWorker(Generic[B]):
                 self._running.stop("cancelled")
             self._cv.notify_all()
         self._thread.join(timeout=5)
+        return not self._thread.is_alive()
 
     def snapshot(self) -> dict:
         with self._cv:
@@ -166,6 +168,8 @@ class InferenceWorker(Generic[B]):
     def _do_load(self, loader: Callable[[], B]) -> None:
         t0 = time.perf_counter()
         old, self._backend = self._backend, None
+        if old is not None and hasattr(old, "close"):
+            old.close()  # what it keeps across restarts (the history) outlives it
         del old  # free the previous model before loading the next one
         try:
             backend = loader()

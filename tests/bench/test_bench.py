@@ -66,6 +66,7 @@ def test_bench_jsonl_with_suffix_and_repo(tiny_dir, prompts_file, tmp_path):
     (["--prompts", "humaneval", "--methods", "rest-paper"], "needs a corpus datastore"),
     (["--prompts", "/no/such/file.jsonl"], "does not exist"),
     (["--prompts", "humaneval", "--limit", "0"], "at least 1"),
+    (["--prompts", "humaneval", "--offset", "164"], "outside the 164 prompts"),
     (["--prompts", "humaneval", "--rest-policy", "context=1,bogus=2"], "unknown draft source"),
 ])
 def test_bench_bad_arguments(argv, msg, capsys, monkeypatch):
@@ -132,3 +133,29 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
             for k in ("eager", "packed", "screened")}
     assert [verifier_kind(make_verifier_or_eager(tiny_lm, k)) for k in keys] == list(keys)
     assert len(set(keys.values())) == 3
+
+
+def test_bench_history_saved_and_restored(tiny_dir, prompts_file, tmp_path, capsys):
+    """--save-history keeps the rest method's output; --history starts a later run from it, which then
+    drafts the same prompt's output from it (a daemon that restarts does the same with its cache)."""
+    from rest_lsp.engine.history import load_history
+
+    hist = tmp_path / "h.msgpack"
+    base = ["--model", str(tiny_dir), "--prompts", str(prompts_file), "--methods", "rest", "--max-new-tokens",
+            "24", "--draft-budget", "8", "--no-warmup", "--device", "cpu"]
+    cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
+    assert bench_main(base + ["--limit", "1", "--json", str(cold), "--save-history", str(hist)]) == 0
+    first = json.loads(cold.read_text())["methods"]["rest"]["per_prompt"][0]
+    saved = load_history(hist, "model").tolist()  # the output, and what the last step verified past the limit
+    assert saved[: len(first["output_ids"])] == first["output_ids"] and len(saved) <= len(first["output_ids"]) + 9
+    assert bench_main(base + ["--limit", "1", "--json", str(warm), "--history", str(hist)]) == 0
+    r = json.loads(warm.read_text())
+    again = r["methods"]["rest"]["per_prompt"][0]
+    assert r["history"] == str(hist) and again["output_ids"] == first["output_ids"]
+    assert again["mean_accepted"] > first["mean_accepted"]
+    offset = tmp_path / "offset.json"
+    assert bench_main(base + ["--offset", "1", "--limit", "1", "--json", str(offset)]) == 0
+    assert [p["id"] for p in json.loads(offset.read_text())["methods"]["rest"]["per_prompt"]] == ["fim"]
+    capsys.readouterr()
+    assert bench_main(base + ["--history", str(tmp_path / "missing.msgpack")]) == 2
+    assert "no history file" in capsys.readouterr().err

@@ -224,3 +224,31 @@ def test_replay_exact_when_an_end_token_stops_the_run(tiny_lm, records, corpus_d
         assert [s.q - 1 for s in steps] == res.draft_sizes
     assert engine.calibration == drafter.engine.calibration
     assert max(res.accepted) > 1
+
+
+def test_replay_starts_from_a_saved_history(records, tiny_dir, prompts_file, tmp_path):
+    """`evaluate(history=...)` and `rest-lsp replay --history`: the history source starts with earlier
+    output (here the records' own output, so it drafts more) and refuses another model's history file."""
+    from rest_lsp.engine.history import save_history
+
+    earlier = [t for r in records for t in r.output_ids + [-1]]
+    cold = evaluate(records, "history=1", 4, COST)
+    warm = evaluate(records, "history=1", 4, COST, history=earlier)
+    assert warm["mean_accepted"] > cold["mean_accepted"] and warm["steps"] < cold["steps"]
+
+    rec, out = tmp_path / "rec.jsonl", tmp_path / "rp.json"
+    from rest_lsp.bench.replay import write_records
+
+    write_records(rec, {"kind": "rest-lsp-replay", "version": 1, "model": "model", "n_prompts": len(records),
+                        "max_new_tokens": 40, "topk": 8, "cost_ms": None, "tokenizer": str(tiny_dir)}, records)
+    hist = tmp_path / "h.msgpack"
+    save_history(hist, np.asarray(earlier), "model/999")
+    base = ["--prompts", str(prompts_file), "--record", str(rec), "--policy", "history=1", "--budgets", "4",
+            "--cost", "flat"]
+    assert replay_main(base + ["--history", str(hist), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["history"] == str(hist)
+    assert got["results"][0]["steps"] == evaluate(records, "history=1", 4, CostModel.flat(),
+                                                  history=earlier)["steps"]
+    save_history(hist, np.asarray(earlier), "another-model/999")
+    assert replay_main(base + ["--history", str(hist)]) == 2

@@ -160,6 +160,24 @@ async def session(tmp_path, shared_cache):
 
 
 @pytest.fixture
+async def start_session(tmp_path, shared_cache):
+    """Start servers one after another (a daemon restart); each gets a folder of its own for its logs."""
+    started: list[Session] = []
+
+    async def start() -> Session:
+        folder = tmp_path / f"server-{len(started)}"
+        folder.mkdir()
+        s = Session(folder)
+        await s.start(env={"REST_LSP_CACHE": str(shared_cache)})
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        await s.close()
+
+
+@pytest.fixture
 async def user_cache_session(tmp_path):
     """A server using the real user cache: the embedded model is assembled and converted there once."""
     s = Session(tmp_path)

@@ -263,3 +263,40 @@ async def test_rebuild_index_command(session, tiny_model, tmp_path):
         await session._wait(session.client.workspace_execute_command_async(
             types.ExecuteCommandParams(command="rest-lsp.nope")))
     assert error_code(exc.value) == -32602 and "rest-lsp.nope" in str(exc.value)
+
+
+async def test_history_survives_a_restart(start_session, tiny_model, tmp_path):
+    """The model's output is a draft source kept in the cache directory: written when the daemon closes,
+    read when the next one starts; an unreadable file is moved aside (not overwritten) and reported."""
+    cache = tmp_path / "cache"
+    options = {"model": str(tiny_model), "maxTokens": 16, "draftBudget": 4, "timeBudgetMs": 0,
+               "cacheDir": str(cache), "indexWorkspace": False}
+    doc = tmp_path / "h.py"
+    first = await start_session()
+    await first.initialize(options)
+    first.open(doc.as_uri(), SOURCE)
+    await first.complete(doc.as_uri(), 10, 4, invoked=True)
+    history = (await first.stats())["model"]["history"]
+    assert history["tokens"] > 0 and history["error"] is None
+    saved = Path(history["file"])
+    assert saved.parent == cache / "history"
+    await first.close()
+    assert saved.is_file()
+
+    second = await start_session()
+    await second.initialize(options)
+    st = await wait_for(second, lambda st: st["model"]["state"] == "ready", "model load")
+    restored = st["model"]["history"]["tokens"]
+    assert restored > history["tokens"]  # the earlier output (and this load's warm-up), before any request
+    await second.close()
+
+    saved.write_bytes(saved.read_bytes()[:-7])  # a torn file
+    third = await start_session()
+    await third.initialize(options)
+    st = await wait_for(third, lambda st: st["model"]["state"] == "ready", "model load")
+    assert "corrupted" in st["model"]["history"]["error"] or "readable" in st["model"]["history"]["error"]
+    assert st["model"]["history"]["tokens"] < history["tokens"]  # only this load's warm-up
+    assert len(list(saved.parent.glob(saved.name + ".unreadable-*"))) == 1
+    third.open(doc.as_uri(), SOURCE)
+    r = await third.complete(doc.as_uri(), 10, 4, invoked=True)
+    assert r.items and (await third.stats())["model"]["history"]["tokens"] > 0

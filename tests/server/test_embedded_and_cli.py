@@ -49,6 +49,7 @@ def test_complete_one_shot_json_compare(tiny_model, tmp_path, shared_cache):
     assert out["workspace"]["state"] == "ready" and out["workspace"]["detail"]["documents"] >= 1
     # greedy REST decoding is exact: plain decoding of the same prompt gives the same text
     assert out["plain"]["same_text"] is True and out["plain"]["tokens"] == f["tokens"]
+    assert not (tmp_path / "cache" / "history").exists()  # one-shot runs start cold and leave no history
     # bad input: a clear message and status 2, no traceback
     bad = run_cli("complete", f"{target}:9999:1", "--model", str(tiny_model), env=env)
     assert bad.returncode == 2 and "past the end" in bad.stderr and "Traceback" not in bad.stderr

@@ -19,6 +19,7 @@ export interface RestLspSettings {
   languages: string[];
   exclude: string[];
   indexWorkspace: boolean;
+  persistHistory: boolean;
   requestLog: string;
 }
 
@@ -42,6 +43,7 @@ export const DEFAULTS: RestLspSettings = {
   languages: [],
   exclude: [],
   indexWorkspace: true,
+  persistHistory: true,
   requestLog: "",
 };
 
@@ -79,6 +81,7 @@ export function readSettings(get: SettingGetter): RestLspSettings {
     languages: strs("languages"),
     exclude: strs("exclude"),
     indexWorkspace: get<unknown>("indexWorkspace", true) !== false,
+    persistHistory: get<unknown>("persistHistory", true) !== false,
     requestLog: str("requestLog", DEFAULTS.requestLog),
   };
 }
@@ -96,6 +99,7 @@ export function serverOptions(s: RestLspSettings): Record<string, unknown> {
     corpus: s.corpus === "" ? null : s.corpus,
     draftBudget: s.draftBudget,
     indexWorkspace: s.indexWorkspace,
+    persistHistory: s.persistHistory,
   };
   if (s.maxTokens !== null) out.maxTokens = s.maxTokens;
   if (s.maxLines !== null) out.maxLines = s.maxLines;

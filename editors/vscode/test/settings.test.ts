@@ -15,6 +15,7 @@ test("defaults leave the server's own defaults in force", () => {
     corpus: null,
     draftBudget: null,
     indexWorkspace: true,
+    persistHistory: true,
     languages: null,
   });
 });
@@ -33,6 +34,7 @@ test("every server setting is sent under the server's camelCase key", () => {
     languages: ["python", "rust"],
     exclude: ["**/gen/**"],
     indexWorkspace: false,
+    persistHistory: false,
     requestLog: "/tmp/requests.jsonl",
   };
   const s = readSettings(getter({ ...all, model: " /models/qwen " }));

@@ -1,0 +1,65 @@
+"""The model's earlier output kept across processes (rest_lsp/engine/history.py)."""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from rest_lsp.engine import HistorySource
+from rest_lsp.engine.history import HistoryError, load_history, save_history
+
+
+def test_save_load_round_trip_and_atomic(tmp_path):
+    src = HistorySource()
+    src.begin([1, 2])
+    src.observe([5, 6, 7])
+    src.begin([3])
+    src.observe([5, 6, 9])
+    path = tmp_path / "sub" / "h.msgpack"
+    save_history(path, src.tokens(), "m/100")
+    assert [p.name for p in path.parent.iterdir()] == ["h.msgpack"]  # no temporary file left behind
+    back = load_history(path, "m/100")
+    assert back.dtype == np.int64 and back.tolist() == [5, 6, 7, -1, 5, 6, 9]
+    assert load_history(path, "m").tolist() == back.tolist()  # a bare model name matches any vocabulary
+
+    fresh = HistorySource()
+    fresh.extend(back)
+    fresh.begin([0])
+    fresh.observe([5, 6])
+    # both saved generations are drafted from, and the separator keeps them apart
+    conts = sorted(c for c, _ in fresh.propose([5, 6], 4))
+    assert conts == [(7,), (9,)]
+
+
+def test_bad_history_files_are_refused(tmp_path):
+    path = tmp_path / "h.msgpack"
+    with pytest.raises(HistoryError, match="no history file"):
+        load_history(path, "m")
+    save_history(path, np.arange(50), "m/100")
+    with pytest.raises(HistoryError, match="model 'm/100'"):
+        load_history(path, "other/100")
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])  # torn
+    with pytest.raises(HistoryError, match="not a readable history"):
+        load_history(path, "m/100")
+    m = msgpack.unpackb(raw)
+    m["tokens"] = m["tokens"][:-4] + b"\x01\x00\x00\x00"  # bit rot in the tokens
+    path.write_bytes(msgpack.packb(m))
+    with pytest.raises(HistoryError, match="corrupted"):
+        load_history(path, "m/100")
+    path.write_bytes(msgpack.packb({"format": "something-else"}))
+    with pytest.raises(HistoryError, match="not a rest-lsp history"):
+        load_history(path, "m/100")
+    path.write_bytes(msgpack.packb({**m, "version": 99}))
+    with pytest.raises(HistoryError, match="version 99"):
+        load_history(path, "m/100")
+
+
+def test_extend_keeps_the_latest_capacity():
+    src = HistorySource(capacity=6)  # at least the latest 6 tokens, at most 12 (halved when full)
+    src.extend(list(range(10)))
+    src.extend([20, 21])
+    src.extend([30, 31, 32])
+    kept = src.tokens().tolist()
+    assert 6 <= len(kept) <= 12 and kept[-4:] == [HistorySource.SEPARATOR, 30, 31, 32]
+    assert 0 not in kept and 20 in kept
