@@ -87,7 +87,7 @@ def _write_json(path: str, obj) -> None:
 
 
 def _history(path: str | None, lm):
-    """The rest method's HistorySource, warmed from a saved history when `path` is given."""
+    """A HistorySource, warmed from a saved history when `path` is given."""
     from rest_lsp.engine.sources import HistorySource
 
     history = HistorySource()
@@ -101,10 +101,12 @@ def _history(path: str | None, lm):
 # ---------------------------------------------------------------------------------------- bench
 def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rest-lsp bench",
-                                description="ar, pld, rest-paper and rest on the same model, one JSON report")
+                                description="ar, pld, rest-paper, rest (and rest-history) on the same model, one JSON "
+                                            "report")
     _data_args(p)
     p.add_argument("--methods", default=None,
-                   help=f"comma-separated, from {','.join(METHODS)} (default: all; rest-paper only with --datastore)")
+                   help=f"comma-separated, from {','.join(METHODS)} (default: all; rest-paper only with --datastore, "
+                        "rest-history only with --history)")
     p.add_argument("--rest-policy", default="rest", help="the rest method's draft sources (see docs/bench.md)")
     p.add_argument("--draft-budget", type=int, default=None,
                    help="rest: draft nodes per step (default: calibrated per step from c(q))")
@@ -112,9 +114,10 @@ def bench_parser() -> argparse.ArgumentParser:
                    help="the verifier ar, rest-paper and rest share (default auto: the fast one where it supports "
                         "the model, else eager, as the daemon); pld always runs transformers' generate")
     p.add_argument("--history", default=None,
-                   help="rest: start with this saved history of the model's earlier output (--save-history of "
-                        "an earlier run, or the daemon's), as a daemon that ran before does")
-    p.add_argument("--save-history", default=None, help="rest: save its history (the model's output) here")
+                   help="rest-history: start with this saved history of the model's earlier output (--save-history "
+                        "of an earlier run, or the daemon's), as a daemon that ran before does")
+    p.add_argument("--save-history", default=None,
+                   help="save rest's history (the model's output in this run) here; rest-history's without rest")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--plot", default=None, help="write a PNG of tokens/s and mean accepted tokens per method")
@@ -129,7 +132,7 @@ def bench_main(argv: list[str] | None = None) -> int:
     from .prompts import PromptsError, load_prompts
 
     if args.methods is None:
-        methods = [m for m in METHODS if m != "rest-paper" or args.datastore]
+        methods = [m for m in METHODS if (m != "rest-paper" or args.datastore) and (m != "rest-history" or args.history)]
         if not args.datastore:
             _log("rest-lsp bench: no --datastore, so no rest-paper (and rest without the corpus)")
     else:
@@ -140,6 +143,8 @@ def bench_main(argv: list[str] | None = None) -> int:
             raise PolicyError(f"unknown method(s) {', '.join(bad) or '(none)'}; one of {', '.join(METHODS)}")
         if "rest-paper" in methods and not args.datastore:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
+        if "rest-history" in methods and not args.history:
+            raise PolicyError("method rest-history needs a saved history (--history FILE)")
         parse_policy(args.rest_policy)
         prompts = load_prompts(args.prompts, args.limit, args.offset)
     except (PolicyError, PromptsError) as e:
@@ -147,7 +152,7 @@ def bench_main(argv: list[str] | None = None) -> int:
         return 2
     lm = _load(args)
     try:
-        history = _history(args.history, lm)
+        histories = {"rest": _history(None, lm), "rest-history": _history(args.history, lm)}
     except HistoryError as e:
         _log(f"rest-lsp bench: --history: {e}")
         return 2
@@ -155,10 +160,11 @@ def bench_main(argv: list[str] | None = None) -> int:
         corpus, repo, store = _datastores(args, _tokenizer_spec(lm), Path(tmp))
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
                            repository=repo, store=store, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
-                           rest_history=history, verifier=args.verifier, warmup=not args.no_warmup, log=_log)
+                           histories=histories, verifier=args.verifier, warmup=not args.no_warmup, log=_log)
     if args.save_history:
-        save_history(Path(args.save_history).expanduser(), history.tokens(), history_model_key(lm))
-        _log(f"saved the rest method's history ({int((history.tokens() >= 0).sum())} tokens) to {args.save_history}")
+        kept = histories["rest" if "rest" in methods else "rest-history"].tokens()
+        save_history(Path(args.save_history).expanduser(), kept, history_model_key(lm))
+        _log(f"saved the history ({int((kept >= 0).sum())} tokens) to {args.save_history}")
     report["history"] = args.history
     report["prompts"] = args.prompts
     report["offset"] = args.offset

@@ -87,10 +87,10 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_new_tokens: int = 128,
               corpus=None, repository=None, store=None, rest_policy: str = "rest",
-              rest_budget: int | None = None, rest_history=None, verifier: str = "auto",
+              rest_budget: int | None = None, histories: dict | None = None, verifier: str = "auto",
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """verifier: the kind (rest_lsp.model.verifiers) that ar, rest-paper and rest share; pld always runs
-    transformers' generate. rest_history: the rest method's HistorySource (see `make_method`)."""
+    transformers' generate. histories: method name -> its HistorySource (see `make_method`)."""
     from rest_lsp.model.verifiers import make_verifier_or_eager
 
     log = log or (lambda s: None)
@@ -100,8 +100,8 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
     shared = SharedVerifier(make_verifier_or_eager(loaded, verifier))
     log(f"verifier: {shared.kind} (asked: {verifier})")
     runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, store=store,
-                              rest_policy=rest_policy, rest_budget=rest_budget, rest_history=rest_history,
-                              shared=shared) for m in order}
+                              rest_policy=rest_policy, rest_budget=rest_budget,
+                              history=(histories or {}).get(m), shared=shared) for m in order}
     if warmup:
         ids = loaded.build_prompt(WARMUP_TEXT)
         for m in order:
@@ -147,14 +147,14 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
 
 
 def format_table(report: dict) -> str:
-    head = f"{'method':<11} {'tokens':>7} {'tok/s':>7} {'speedup':>7} {'M':>5} {'ret p50':>7} {'ret p99':>7} {'same':>5}"
+    head = f"{'method':<12} {'tokens':>7} {'tok/s':>7} {'speedup':>7} {'M':>5} {'ret p50':>7} {'ret p99':>7} {'same':>5}"
     lines = [head, "-" * len(head)]
 
     def f(v, fmt):
         return format(v, fmt) if v is not None else format("-", ">" + fmt.split(".")[0])
 
     for m, s in report["methods"].items():
-        lines.append(f"{m:<11} {s['tokens']:>7} {f(s['tokens_per_s'], '7.2f')} {f(s['speedup_vs_ar'], '7.2f')} "
+        lines.append(f"{m:<12} {s['tokens']:>7} {f(s['tokens_per_s'], '7.2f')} {f(s['speedup_vs_ar'], '7.2f')} "
                      f"{f(s['mean_accepted'], '5.2f')} {f(s['retrieval_ms_p50'], '7.2f')} "
                      f"{f(s['retrieval_ms_p99'], '7.2f')} {f(s['identical_to_ar'], '5.2f')}")
     return "\n".join(lines)

@@ -7,7 +7,10 @@
     rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
                 order, a 64-node trie by raw counts
     rest        the engine's own policy (`default_sources`: context, history, the datastore with the repository
-                attached, recycle) at the calibrated per-step budget
+                attached, recycle) at the calibrated per-step budget, its history empty at the start (a daemon's
+                first run)
+    rest-history  rest whose history source starts from a saved history (--history FILE: the model's output
+                on other prompts), as a daemon that ran before starts from its cache
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-METHODS = ("ar", "pld", "rest-paper", "rest")
+METHODS = ("ar", "pld", "rest-paper", "rest", "rest-history")
 
 
 @dataclass
@@ -151,9 +154,9 @@ class PldMethod:
 
 
 def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, rest_policy: str = "rest",
-                rest_budget: int | None = None, rest_history=None, shared: SharedVerifier | None = None):
-    """shared: the verifier of the engine methods (None: an eager one of their own); rest_history: the rest
-    method's HistorySource (warmed with an earlier run's output, saved afterwards by the caller)."""
+                rest_budget: int | None = None, history=None, shared: SharedVerifier | None = None):
+    """shared: the verifier of the engine methods (None: an eager one of their own); history: the
+    HistorySource of rest / rest-history (the caller warms it or saves it; rest-history needs one)."""
     from .policy import PolicyError
 
     if name == "ar":
@@ -164,7 +167,9 @@ def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, 
         if corpus is None:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")
         return EngineMethod(loaded, "paper", corpus=corpus, draft_budget=64, shared=shared)
-    if name == "rest":
+    if name in ("rest", "rest-history"):
+        if name == "rest-history" and history is None:
+            raise PolicyError("method rest-history needs a saved history (--history FILE)")
         return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, store=store,
-                            history=rest_history, draft_budget=rest_budget, shared=shared)
+                            history=history, draft_budget=rest_budget, shared=shared)
     raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

@@ -67,6 +67,7 @@ def test_bench_jsonl_with_suffix_and_repo(tiny_dir, prompts_file, tmp_path):
     (["--prompts", "/no/such/file.jsonl"], "does not exist"),
     (["--prompts", "humaneval", "--limit", "0"], "at least 1"),
     (["--prompts", "humaneval", "--offset", "164"], "outside the 164 prompts"),
+    (["--prompts", "humaneval", "--methods", "ar,rest-history"], "needs a saved history"),
     (["--prompts", "humaneval", "--rest-policy", "context=1,bogus=2"], "unknown draft source"),
 ])
 def test_bench_bad_arguments(argv, msg, capsys, monkeypatch):
@@ -136,25 +137,28 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
 
 
 def test_bench_history_saved_and_restored(tiny_dir, prompts_file, tmp_path, capsys):
-    """--save-history keeps the rest method's output; --history starts a later run from it, which then
-    drafts the same prompt's output from it (a daemon that restarts does the same with its cache)."""
+    """--save-history keeps rest's output; a later run's rest-history starts from it (as a restarted daemon
+    starts from its cache) and drafts the same prompt's output from it, side by side with a cold rest."""
     from rest_lsp.engine.history import load_history
 
     hist = tmp_path / "h.msgpack"
-    base = ["--model", str(tiny_dir), "--prompts", str(prompts_file), "--methods", "rest", "--max-new-tokens",
-            "24", "--draft-budget", "8", "--no-warmup", "--device", "cpu"]
-    cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
-    assert bench_main(base + ["--limit", "1", "--json", str(cold), "--save-history", str(hist)]) == 0
-    first = json.loads(cold.read_text())["methods"]["rest"]["per_prompt"][0]
+    base = ["--model", str(tiny_dir), "--prompts", str(prompts_file), "--max-new-tokens", "24",
+            "--draft-budget", "8", "--no-warmup", "--device", "cpu"]
+    first, both = tmp_path / "first.json", tmp_path / "both.json"
+    assert bench_main(base + ["--methods", "rest", "--limit", "1", "--json", str(first),
+                              "--save-history", str(hist)]) == 0
+    out = json.loads(first.read_text())["methods"]["rest"]["per_prompt"][0]["output_ids"]
     saved = load_history(hist, "model").tolist()  # the output, and what the last step verified past the limit
-    assert saved[: len(first["output_ids"])] == first["output_ids"] and len(saved) <= len(first["output_ids"]) + 9
-    assert bench_main(base + ["--limit", "1", "--json", str(warm), "--history", str(hist)]) == 0
-    r = json.loads(warm.read_text())
-    again = r["methods"]["rest"]["per_prompt"][0]
-    assert r["history"] == str(hist) and again["output_ids"] == first["output_ids"]
-    assert again["mean_accepted"] > first["mean_accepted"]
+    assert saved[: len(out)] == out and len(saved) <= len(out) + 9
+    # default methods with --history: rest (cold) and rest-history side by side
+    assert bench_main(base + ["--limit", "1", "--json", str(both), "--history", str(hist)]) == 0
+    r = json.loads(both.read_text())
+    assert list(r["methods"]) == ["ar", "pld", "rest", "rest-history"] and r["history"] == str(hist)
+    cold, warm = r["methods"]["rest"], r["methods"]["rest-history"]
+    assert warm["per_prompt"][0]["output_ids"] == cold["per_prompt"][0]["output_ids"] == out
+    assert warm["identical_to_ar"] == 1.0 and warm["mean_accepted"] > cold["mean_accepted"]
     offset = tmp_path / "offset.json"
-    assert bench_main(base + ["--offset", "1", "--limit", "1", "--json", str(offset)]) == 0
+    assert bench_main(base + ["--methods", "rest", "--offset", "1", "--limit", "1", "--json", str(offset)]) == 0
     assert [p["id"] for p in json.loads(offset.read_text())["methods"]["rest"]["per_prompt"]] == ["fim"]
     capsys.readouterr()
     assert bench_main(base + ["--history", str(tmp_path / "missing.msgpack")]) == 2
