@@ -204,8 +204,9 @@ async def main_async(args) -> dict:
     rng = random.Random(args.seed)
     report: dict = {"file": args.file, "model": args.model or "embedded", "time_budget_ms": args.time_budget_ms,
                     "command": " ".join(sys.argv)}
+    # a cold start, as the figures say: no history from earlier daemons, and none left behind
     cfg = ServerConfig(model=args.model, time_budget_ms=args.time_budget_ms, max_tokens=args.max_tokens,
-                       cache_dir=args.cache_dir)
+                       cache_dir=args.cache_dir, persist_history=False)
     svc = CompletionService(cfg, notify=lambda level, msg: print(f"[{level}] {msg}", file=sys.stderr))
     t0 = time.perf_counter()
     svc.start()
