@@ -18,6 +18,9 @@ import numpy as np
 
 from indexer.manifest import write_bytes_atomic
 
+from .sources import HistorySource
+
+SEPARATOR = HistorySource.SEPARATOR
 FORMAT = "rest-lsp-history"
 VERSION = 1
 
@@ -60,6 +63,53 @@ def load_history(path: Path, model: str) -> np.ndarray:
     if not isinstance(data, bytes) or len(data) % 4 or hashlib.sha256(data).hexdigest() != m.get("sha256"):
         raise HistoryError(f"{path} is corrupted (its tokens do not match their checksum)")
     return np.frombuffer(data, dtype="<i4").astype(np.int64)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class HistoryFile:
+    """A HistorySource kept in a file that several processes of one model may share (two editor windows,
+    two daemons): saving keeps what another process saved since this one last read or wrote the file."""
+
+    def __init__(self, path: Path, model: str, source: HistorySource):
+        self.path, self.model, self.source = Path(path), model, source
+        self._synced = source.total  # the source's tokens up to this position are in the file
+        self._stamp: tuple[int, int] | None = None  # the file as this process last read or wrote it
+
+    def load(self) -> int:
+        """Add the file's tokens to the source (HistoryError when it cannot be used); returns how many."""
+        tokens = load_history(self.path, self.model)
+        self.source.extend(tokens)
+        self._synced, self._stamp = self.source.total, _stamp(self.path)
+        return int((tokens >= 0).sum())
+
+    @property
+    def dirty(self) -> bool:
+        """The source holds output the file does not."""
+        return self.source.total != self._synced
+
+    def save(self) -> None:
+        """Write the source's tokens atomically (OSError when the file cannot be written). When another process
+        wrote the file since, its tokens come first and this process's new ones after them, in the file and in
+        the source, so neither process erases the other's output."""
+        stamp = _stamp(self.path)
+        if stamp is not None and stamp != self._stamp:
+            try:
+                theirs = load_history(self.path, self.model)
+            except HistoryError:
+                theirs = None  # unreadable now: nothing in it to keep
+            if theirs is not None:
+                ours = self.source.since(self._synced)
+                gap = [SEPARATOR] if len(ours) and ours[0] != SEPARATOR else []
+                self.source.reset(np.concatenate([theirs, gap, ours]).astype(np.int64))
+        save_history(self.path, self.source.tokens(), self.model)
+        self._synced, self._stamp = self.source.total, _stamp(self.path)
 
 
 def history_model_key(loaded) -> str:

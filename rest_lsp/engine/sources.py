@@ -124,6 +124,7 @@ class HistorySource(_MatchingSource):
         self.capacity = capacity
         self._buf = np.empty(2 * capacity, dtype=np.int64)  # appended in place; halved when full
         self._n = 0
+        self.total = 0  # tokens appended so far (separators included), kept or not: a position for `since`
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A new generation starts: separate it from the previous one."""
@@ -132,6 +133,7 @@ class HistorySource(_MatchingSource):
 
     def observe(self, tokens: Sequence[int]) -> None:
         new = np.asarray(tokens, dtype=np.int64)[-self.capacity :]
+        self.total += len(new)
         if self._n + len(new) > len(self._buf):
             keep = self._buf[self._n - (self.capacity - len(new)) : self._n].copy() if self.capacity > len(new) else new[:0]
             self._buf[: len(keep)] = keep
@@ -146,6 +148,16 @@ class HistorySource(_MatchingSource):
     def extend(self, tokens: Sequence[int]) -> None:
         """Add earlier output (`history.load_history`) as generations of their own."""
         self.begin(())
+        self.observe(tokens)
+
+    def since(self, total: int) -> np.ndarray:
+        """The tokens appended after `self.total` was `total` (those still kept; a copy)."""
+        n = min(self.total - total, self._n)
+        return self._buf[self._n - n : self._n].copy() if n > 0 else self._buf[:0].copy()
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """Hold exactly `tokens` (the latest `capacity` of them)."""
+        self._n = 0
         self.observe(tokens)
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:

@@ -12,12 +12,15 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .config import ServerConfig, prompt_windows
 from .core import Attempt
 from .datastores import DatastoreSet
 from .prompt import CompletionContext, block_end_cut
+
+if TYPE_CHECKING:  # the engine (and torch) load with the model, not with the server
+    from rest_lsp.engine.history import HistoryFile
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class EngineBackend:
     def __init__(self, loaded, repository: DatastoreSet, corpus_path: str | None = None,
                  history_file: Path | None = None):
         from rest_lsp.engine.generate import Engine
+        from rest_lsp.engine.history import HistoryFile, history_model_key
         from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
 
         self.loaded = loaded
@@ -53,11 +57,11 @@ class EngineBackend:
                 log.warning("corpus datastore %s not used: %s", corpus_path, self.corpus_error)
         self.context = ContextSource()
         self.history = HistorySource()
-        self.history_file = history_file
+        self.history_file: HistoryFile | None = None
         self.history_error: str | None = None
-        self._history_saved = (time.monotonic(), 0)  # (when, tokens kept then)
+        self._history_saved = time.monotonic()
         if history_file is not None:
-            self._load_history(history_file)
+            self._load_history(HistoryFile(history_file, history_model_key(loaded), self.history))
         sources = [(self.context, SHARES["context"]), (self.history, SHARES["history"]),
                    (DatastoreSource(repository, name="repository"), SHARES["repository"])]
         if self.corpus is not None:
@@ -80,39 +84,38 @@ class EngineBackend:
 
         self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
 
-    def _load_history(self, path: Path) -> None:
-        from rest_lsp.engine.history import HistoryError, history_model_key, load_history
+    def _load_history(self, hf: HistoryFile) -> None:
+        from rest_lsp.engine.history import HistoryError
 
+        self.history_file = hf
         try:
-            self.history.extend(load_history(path, history_model_key(self.loaded)))
+            hf.load()
         except HistoryError as exc:
-            if not path.exists():
+            if not hf.path.exists():
                 return  # the first run: nothing saved yet
             # keep the unreadable file for inspection instead of writing over it
-            aside = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+            aside = hf.path.with_name(f"{hf.path.name}.unreadable-{int(time.time())}")
             try:
-                path.replace(aside)
+                hf.path.replace(aside)
             except OSError:
                 self.history_file = None  # never overwrite what could not be moved aside
             self.history_error = str(exc)
             log.warning("history not loaded: %s (moved to %s)", exc, aside)
 
     def save_history(self, *, force: bool = True) -> bool:
-        """Write the history (atomically) when it grew; unless `force`, at most every HISTORY_SAVE_S."""
-        from rest_lsp.engine.history import history_model_key, save_history
-
-        if self.history_file is None or (self.config_seen is not None and not self.config_seen.persist_history):
+        """Write the history (atomically, keeping what another daemon of this model saved) when it holds new
+        output; unless `force`, at most every HISTORY_SAVE_S."""
+        hf = self.history_file
+        if hf is None or (self.config_seen is not None and not self.config_seen.persist_history):
             return False
-        when, kept = self._history_saved
-        n = len(self.history.tokens())
-        if n == kept or (not force and time.monotonic() - when < HISTORY_SAVE_S):
+        if not hf.dirty or (not force and time.monotonic() - self._history_saved < HISTORY_SAVE_S):
             return False
         try:
-            save_history(self.history_file, self.history.tokens(), history_model_key(self.loaded))
+            hf.save()
         except OSError as exc:
-            log.warning("history not saved to %s: %s", self.history_file, exc)
+            log.warning("history not saved to %s: %s", hf.path, exc)
             return False
-        self._history_saved = (time.monotonic(), n)
+        self._history_saved = time.monotonic()
         return True
 
     def close(self) -> None:
@@ -166,7 +169,7 @@ class EngineBackend:
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
                 else self.corpus_error,
-                "history": {"file": str(self.history_file) if self.history_file else None,
+                "history": {"file": str(self.history_file.path) if self.history_file else None,
                             "tokens": int((self.history.tokens() >= 0).sum()), "error": self.history_error}}
 
 

@@ -63,3 +63,51 @@ def test_extend_keeps_the_latest_capacity():
     kept = src.tokens().tolist()
     assert 6 <= len(kept) <= 12 and kept[-4:] == [HistorySource.SEPARATOR, 30, 31, 32]
     assert 0 not in kept and 20 in kept
+
+
+def test_two_processes_sharing_a_file_keep_both_outputs(tmp_path):
+    """Two daemons of one model (two editor windows) save to one file: neither erases the other's output,
+    and each drafts from the other's after its next save."""
+    from rest_lsp.engine.history import HistoryFile
+
+    path = tmp_path / "h.msgpack"
+    a_src, b_src = HistorySource(), HistorySource()
+    a, b = HistoryFile(path, "m/1", a_src), HistoryFile(path, "m/1", b_src)
+    for hf in (a, b):
+        with pytest.raises(HistoryError):
+            hf.load()  # nothing saved yet
+    assert not a.dirty
+    a_src.begin([0])
+    a_src.observe([10, 11, 12])
+    b_src.begin([0])
+    b_src.observe([20, 21, 22])
+    assert a.dirty and b.dirty
+    a.save()
+    assert not a.dirty and load_history(path, "m/1").tolist() == [10, 11, 12]
+    b.save()  # a wrote the file since b last saw it: a's output is kept, then b's
+    saved = load_history(path, "m/1").tolist()
+    assert saved == [10, 11, 12, -1, 20, 21, 22] and b_src.tokens().tolist() == saved
+    a_src.begin([0])
+    a_src.observe([13])
+    a.save()
+    assert load_history(path, "m/1").tolist() == saved + [-1, 13]
+    # b now drafts a's continuation
+    fresh = HistorySource()
+    HistoryFile(path, "m/1", fresh).load()
+    fresh.begin([0])
+    fresh.observe([10, 11])
+    assert (12,) in [c for c, _ in fresh.propose([10, 11], 2)]
+
+
+def test_since_counts_through_halving():
+    src = HistorySource(capacity=4)
+    src.observe([1, 2, 3])
+    mark = src.total
+    src.observe([4, 5, 6, 7, 8, 9])  # more than the capacity at once: the latest 4 are appended
+    assert src.since(mark).tolist() == [6, 7, 8, 9]
+    src.observe([10, 11])  # the buffer (twice the capacity) is full: the latest capacity are kept
+    assert src.tokens().tolist() == [8, 9, 10, 11] and src.since(mark).tolist() == [8, 9, 10, 11]
+    assert src.since(src.total - 1).tolist() == [11]
+    assert src.since(src.total).tolist() == []
+    src.reset([7, 8])
+    assert src.tokens().tolist() == [7, 8]
