@@ -200,6 +200,11 @@ def test_replay_default_record_in_cache(tiny_dir, prompts_file, tmp_path, monkey
 
     monkeypatch.setattr(host, "load_model", lambda *a, **k: pytest.fail("the cached record should be reused"))
     assert replay_main(argv) == 0
+    monkeypatch.undo()
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    assert replay_main(argv + ["--offset", "1"]) == 0  # other prompts: a record of their own
+    recs = {p.name: read_records(p)[1] for p in (tmp_path / "cache" / "replay").iterdir()}
+    assert len(recs) == 2 and sorted(r[0].id for r in recs.values()) == ["dumps", "fim"]
 
 
 def test_replay_exact_when_an_end_token_stops_the_run(tiny_lm, records, corpus_dir):
