@@ -300,3 +300,12 @@ async def test_history_survives_a_restart(start_session, tiny_model, tmp_path):
     third.open(doc.as_uri(), SOURCE)
     r = await third.complete(doc.as_uri(), 10, 4, invoked=True)
     assert r.items and (await third.stats())["model"]["history"]["tokens"] > 0
+    await third.close()
+    # persistHistory off: nothing is read or written
+    fourth = await start_session()
+    await fourth.initialize({**options, "cacheDir": str(tmp_path / "cache-off"), "persistHistory": False})
+    fourth.open(doc.as_uri(), SOURCE)
+    await fourth.complete(doc.as_uri(), 10, 4, invoked=True)
+    assert (await fourth.stats())["model"]["history"]["file"] is None
+    await fourth.close()
+    assert not (tmp_path / "cache-off" / "history").exists()
