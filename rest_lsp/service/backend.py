@@ -97,10 +97,12 @@ class EngineBackend:
             aside = hf.path.with_name(f"{hf.path.name}.unreadable-{int(time.time())}")
             try:
                 hf.path.replace(aside)
+                where = f"moved to {aside}"
             except OSError:
                 self.history_file = None  # never overwrite what could not be moved aside
+                where = "left as it is, and this daemon saves no history"
             self.history_error = str(exc)
-            log.warning("history not loaded: %s (moved to %s)", exc, aside)
+            log.warning("history not loaded: %s (%s)", exc, where)
 
     def save_history(self, *, force: bool = True) -> bool:
         """Write the history (atomically, keeping what another daemon of this model saved) when it holds new
