@@ -63,7 +63,8 @@ def build_sources(spec: str, *, corpus=None, repository=None, store=None, histor
     datastore the `corpus` source searches (the corpus with the repository attached); default: corpus,
     else the repository. `history`: the HistorySource to draft from (one warmed with earlier output, or one
     whose tokens the caller saves afterwards); default: a new, empty one."""
-    from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
+    from rest_lsp.engine.sources import (CORPUS_MAX_LEN, ContextSource, DatastoreSource, HistorySource,
+                                         RecyclingSource)
 
     sources = []
     for name, share in parse_policy(spec):
@@ -83,7 +84,7 @@ def build_sources(spec: str, *, corpus=None, repository=None, store=None, histor
                 if strict:
                     raise PolicyError("draft source 'corpus' needs --datastore DIR or --repo DIR")
                 continue
-            sources.append((DatastoreSource(ds, name="corpus"), share))
+            sources.append((DatastoreSource(ds, name="corpus", max_len=CORPUS_MAX_LEN), share))
         elif name == "repository":
             if repository is None:
                 if strict:

@@ -41,7 +41,8 @@ class EngineBackend:
                  history_file: Path | None = None):
         from rest_lsp.engine.generate import Engine
         from rest_lsp.engine.history import HistoryFile, history_model_key
-        from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
+        from rest_lsp.engine.sources import (CORPUS_MAX_LEN, ContextSource, DatastoreSource, HistorySource,
+                                             RecyclingSource)
 
         self.loaded = loaded
         self.name = loaded.name
@@ -65,7 +66,7 @@ class EngineBackend:
         sources = [(self.context, SHARES["context"]), (self.history, SHARES["history"]),
                    (DatastoreSource(repository, name="repository"), SHARES["repository"])]
         if self.corpus is not None:
-            sources.append((DatastoreSource(self.corpus, name="corpus"), SHARES["corpus"]))
+            sources.append((DatastoreSource(self.corpus, name="corpus", max_len=CORPUS_MAX_LEN), SHARES["corpus"]))
         sources.append((RecyclingSource(), SHARES["recycle"]))
         from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 

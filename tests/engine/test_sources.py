@@ -89,6 +89,10 @@ def test_datastore_source_wraps_search():
     assert dict(props) == {(4, 5): 2.0, (4, 6): 2.0}  # normalised, times the match length squared
     assert src.last_match_len == 2 and store.calls == [(8, 2, 100, 2)]  # no shorter level to back off to
     assert src.propose([42, 43], 2) == [] and src.last_match_len == 0
+    # a length cap (the corpus's CORPUS_MAX_LEN) shortens what is searched for and proposed
+    capped = DatastoreSource(store, n_max=8, k=100, max_len=1)
+    assert dict(capped.propose([7, 2, 3], 10)) == {(4,): 4.0} and store.calls[-1] == (8, 2, 100, 1)
+    assert max(len(c) for c, _ in DatastoreSource(store, n_max=8, k=100).propose([7, 2, 3], 10)) > 1
 
 
 def test_datastore_source_backs_off_to_short_matches():
