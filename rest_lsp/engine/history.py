@@ -2,7 +2,7 @@
 
 A daemon that restarts (or a benchmark that starts from an earlier run's output) keeps drafting from what the
 model wrote before: completions repeat their idioms across sessions, and on HumanEval a history of the model's
-output on other prompts adds 0.06 tokens per step at 5 draft nodes and 0.18 at 64 (docs/engine.md).
+output on other prompts adds 0.22 tokens per step at 5 draft nodes and 0.34 at 64 (docs/engine.md).
 
 The file holds token ids, so it is tied to one tokenizer: `model` names it, and a file written for another
 model is refused. Writes are atomic (a temporary file renamed over the old one); a file that does not read
