@@ -28,6 +28,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rest_lsp.filenames import safe_filename
+
 RECORD_KIND = "rest-lsp-replay"
 RECORD_VERSION = 1
 # c(q) in ms measured on the 2-core development CPU, Qwen2.5-Coder-0.5B eager fp32, 300-token cache
@@ -148,7 +150,7 @@ def record_key(model_name: str, precision: str, prompts_spec: str, limit, max_ne
     if p.is_file():  # a prompts file: its content decides
         ident = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
     raw = f"{model_name}|{precision}|{ident}|{limit}|{max_new_tokens}"
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(model_name).name)[:40]
+    safe = safe_filename(Path(model_name).name)[:40]
     return f"{safe}-{precision}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 

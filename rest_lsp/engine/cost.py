@@ -17,6 +17,8 @@ from typing import Sequence
 
 import torch
 
+from rest_lsp.filenames import safe_filename
+
 from .verifier import Verifier, chain_mask
 
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -143,7 +145,7 @@ def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     # FastVerifier's kind (packed, screened, compiled): each has its own c(q)
     kind = type(verifier).__name__ + (f"-{verifier.kind}" if getattr(verifier, "kind", None) else "")
     raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)
+    return safe_filename(raw)
 
 
 def load_or_measure(

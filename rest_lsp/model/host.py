@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from rest_lsp.filenames import safe_filename
+
 from .prompts import FimFormat, build_prompt, context_limit, resolve_fim, stop_token_ids
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
@@ -104,7 +106,7 @@ def gguf_cache_dir(gguf: Path) -> Path:
     gguf = Path(gguf).resolve()
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in gguf.stem)[:60]
+    stem = safe_filename(gguf.stem)[:60]
     return _cache_root() / "converted" / f"{stem}-{key}"
 
 

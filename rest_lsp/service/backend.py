@@ -14,6 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from rest_lsp.filenames import safe_filename
+
 from .config import ServerConfig, prompt_windows
 from .core import Attempt
 from .datastores import DatastoreSet
@@ -30,8 +32,7 @@ HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the
 
 def history_path(cache_dir: Path, model_key: str) -> Path:
     """Where the daemon keeps the model's output: one file per model (token ids are the tokenizer's)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_key)
-    return cache_dir / "history" / f"{safe}.msgpack"
+    return cache_dir / "history" / f"{safe_filename(model_key)}.msgpack"
 
 
 class EngineBackend:
@@ -177,9 +178,8 @@ class EngineBackend:
 
 
 def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -> EngineBackend:
-    from rest_lsp.model.host import load_model
-
     from rest_lsp.engine.history import history_model_key
+    from rest_lsp.model.host import load_model
 
     from .workspace import default_cache_dir
 

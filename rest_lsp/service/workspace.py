@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
+from rest_lsp.filenames import safe_filename
+
 from . import indexing
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ def default_cache_dir() -> Path:
 
 def workspace_store_dir(cache_dir: Path, folder: Path) -> Path:
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
-    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in folder.name)[:40] or "root"
+    name = safe_filename(folder.name)[:40] or "root"
     return cache_dir / "workspaces" / f"{name}-{key}"
 
 
