@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rest_lsp.engine.history import HistoryError, history_model_key, load_history, save_history
+from rest_lsp.engine.history import HistoryError, HistoryFile, history_model_key, load_history, save_history
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
 
 from .methods import METHODS
@@ -92,9 +92,8 @@ def _history(path: str | None, lm):
 
     history = HistorySource()
     if path:
-        tokens = load_history(Path(path).expanduser(), history_model_key(lm))
-        history.extend(tokens)
-        _log(f"history: {int((tokens >= 0).sum())} tokens of earlier output from {path}")
+        n = HistoryFile(Path(path).expanduser(), history_model_key(lm), history).load()
+        _log(f"history: {n} tokens of earlier output from {path}")
     return history
 
 
