@@ -5,9 +5,20 @@ static cache: rest_lsp/model/fast.py) can replace `HFVerifier` without touching 
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
+
+
+@dataclass(frozen=True)
+class KVState:
+    """A copy of a verifier's KV cache, its first `length` entries (`Verifier.export_state`); `data` is the
+    verifier's own layout, read back only by the same kind of verifier."""
+
+    length: int
+    nbytes: int
+    data: Any
 
 
 @runtime_checkable
@@ -31,6 +42,14 @@ class Verifier(Protocol):
 
     def truncate(self, n: int) -> None:
         """Drop the cache beyond its first n tokens (prompt-prefix reuse, or a reset with n = 0)."""
+        ...
+
+    def export_state(self) -> KVState:
+        """A copy of the cache as it is (the KV pool keeps it while another prompt uses the verifier)."""
+        ...
+
+    def import_state(self, state: KVState) -> None:
+        """Make the cache hold exactly what `state` holds (from `export_state` of this verifier)."""
         ...
 
 
@@ -125,4 +144,17 @@ class HFVerifier:
                 if hasattr(layer, "cumulative_length"):  # sliding-window layers count their tokens
                     layer.cumulative_length = n
         self.past_len = min(n, self.past_len)
+        self._last_q = 0
+
+    def export_state(self) -> KVState:
+        n = self.past_len
+        layers = [] if n == 0 else [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone())
+                                    for layer in self.cache.layers]  # each [batch, heads, n, head_dim]
+        return KVState(n, sum(k.nbytes + v.nbytes for k, v in layers), layers)
+
+    def import_state(self, state: KVState) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+        for i, (k, v) in enumerate(state.data):
+            self.cache.update(k.to(self.device), v.to(self.device), i)   # appends to an empty layer: a copy
+        self.past_len = state.length
         self._last_q = 0

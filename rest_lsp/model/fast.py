@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.verifier import kept_slots
+from rest_lsp.engine.verifier import KVState, kept_slots
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled")
 SUPPORTED_ARCHS = ("qwen2", "llama")
@@ -343,6 +343,18 @@ class FastVerifier:
         if n < 0:
             raise ValueError(f"truncate: n must be >= 0, got {n}")
         self.past_len = min(n, self.past_len)  # slots beyond past_len are never attended, only overwritten
+        self._last_q = 0
+
+    def export_state(self) -> KVState:
+        data = self.cache[:, :, :, : self.past_len].clone()  # [L, 2, nkv, n, hd]
+        return KVState(self.past_len, data.nbytes, data)
+
+    def import_state(self, state: KVState) -> None:
+        n = state.length
+        if n > self.max_len:
+            raise ValueError(f"import_state: {n} entries do not fit a {self.max_len}-entry cache")
+        self.cache[:, :, :, :n].copy_(state.data)
+        self.past_len = n
         self._last_q = 0
 
     # ------------------------------------------------------------------ compiled buckets

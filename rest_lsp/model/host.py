@@ -51,13 +51,14 @@ class LoadedModel:
     context_length: int | None = None
     stop_ids: list[int] = field(default_factory=list)   # eos + the FIM family's end-of-infill tokens
 
-    def build_prompt(self, prefix: str, suffix: str | None = None, *, max_new_tokens: int = 0,
+    def build_prompt(self, prefix: str, suffix: str | None = None, *, middle: str = "", max_new_tokens: int = 0,
                      fim: bool = True, reserve: int = 32) -> list[int]:
-        """Prompt ids for the cursor between prefix and suffix, fitted to the context minus max_new_tokens
-        and `reserve` positions for draft trees (so the engine never has to cut the prompt, FIM markers
-        included)."""
+        """Prompt ids for the cursor between prefix + middle and suffix (`middle`: see
+        rest_lsp.model.prompts.build_prompt), fitted to the context minus max_new_tokens and `reserve`
+        positions for draft trees (so the engine never has to cut the prompt, FIM markers included)."""
         budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens - reserve)
-        return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, max_tokens=budget)
+        return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, middle=middle,
+                            max_tokens=budget)
 
     @property
     def vocab_size(self) -> int:

@@ -4,7 +4,10 @@ The prompt is assembled as token ids, piece by piece (special tokens by id, text
 special tokens), so that left-truncation to the model's context works on ids and never splits a special
 token:
 
-    [bos?] PREFIX_MARK enc(prefix) SUFFIX_MARK enc(suffix) MIDDLE_MARK
+    [bos?] PREFIX_MARK enc(prefix) SUFFIX_MARK enc(suffix) MIDDLE_MARK enc(middle)
+
+`middle` is text the infill already starts with (the cursor line's text before the cursor, in the layout that
+keeps the prompt's start stable while a person types on a line: rest_lsp/service/layout.py).
 
 Families (chosen from the tokenizer's special tokens by `detect_fim`, overridable by name):
     qwen       <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>   (Qwen2.5-Coder)
@@ -156,11 +159,13 @@ def context_limit(tokenizer, model=None) -> int | None:
 
 
 def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | None, *,
-                 max_tokens: int | None = None, suffix_share: float = 0.25) -> list[int]:
-    """Token ids of the prompt for completing at the cursor between `prefix` and `suffix`.
+                 middle: str = "", max_tokens: int | None = None, suffix_share: float = 0.25) -> list[int]:
+    """Token ids of the prompt for completing at the cursor between `prefix` + `middle` and `suffix`.
 
-    - `fim` None or `suffix` None: a plain prefix prompt. Otherwise fill-in-the-middle (an empty suffix
-      still uses the FIM format, so the model knows where the text ends).
+    - `fim` None or `suffix` None: a plain prefix prompt, enc(prefix) + enc(middle). Otherwise
+      fill-in-the-middle (an empty suffix still uses the FIM format, so the model knows where the text ends),
+      with `middle` after the middle marker: the start of the infill, already typed.
+    - prefix and middle are encoded apart, so that appending to the middle never changes the prefix's tokens.
     - `max_tokens` (default: the tokenizer's model_max_length when it is a real limit): a longer prompt
       drops tokens from the left of the prefix and keeps the end of the prefix; the suffix (its start, next
       to the cursor) keeps at most `suffix_share` of the budget when the prefix needs the room.
@@ -171,6 +176,7 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | No
     lead = _leading_special(tokenizer)
     use_fim = fim is not None and suffix is not None
     pre = _encode(tokenizer, prefix or "")
+    mid = _encode_no_leading_space(tokenizer, middle)   # it continues text: no SentencePiece dummy space
     if use_fim:
         p_id, s_id, m_id = fim.token_ids(tokenizer)
         enc = _encode_no_leading_space if fim.suffix_no_leading_space else _encode
@@ -184,15 +190,17 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | No
         if avail < 1:
             raise ValueError(f"a prompt budget of {max_tokens} tokens cannot hold the prompt format "
                              f"({overhead} special tokens) and any text")
+        mid = mid[-avail:]   # the text next to the cursor goes last
+        avail -= len(mid)
         if len(pre) + len(suf) > avail:
             suf_budget = min(len(suf), max(int(avail * suffix_share), avail - len(pre)))
             suf = suf[:suf_budget]
             keep = avail - len(suf)
             pre = pre[len(pre) - keep:] if keep > 0 else []
     if use_fim:
-        ids = lead + [p_id] + pre + [s_id] + suf + [m_id]
+        ids = lead + [p_id] + pre + [s_id] + suf + [m_id] + mid
     else:
-        ids = lead + pre
+        ids = lead + pre + mid
     if not ids:
         start = getattr(tokenizer, "bos_token_id", None)
         if start is None:
