@@ -56,21 +56,18 @@ def _tokenizer_spec(lm) -> str | None:
 
 
 def _datastores(args, tok: str | None, tmp: Path):
-    """(corpus, repository, store): the --datastore corpus, the --repo index, and the datastore the
-    `corpus` draft source searches (the corpus with the repository attached when both are given)."""
+    """(corpus, repository): the --datastore corpus and the --repo index, the datastores of the policy's
+    `corpus` and `repository` sources (as the daemon has the corpus and the workspace apart)."""
     from indexer.store import Datastore
 
-    corpus = repo = store = None
+    corpus = repo = None
     if args.datastore:
         corpus = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False)
     if args.repo:
         t = time.perf_counter()
         repo = Datastore.build([Path(args.repo).expanduser()], tmp / "repo-index", tokenizer=tok)
         _log(f"indexed --repo {args.repo} in {time.perf_counter() - t:.1f} s")
-        if corpus is not None:
-            store = Datastore.open(Path(args.datastore).expanduser(), tokenizer=tok, verify=False,
-                                   attach=[tmp / "repo-index"])
-    return corpus, repo, store
+    return corpus, repo
 
 
 def _write_json(path: str, obj) -> None:
@@ -127,7 +124,7 @@ def bench_parser() -> argparse.ArgumentParser:
 def bench_main(argv: list[str] | None = None) -> int:
     args = bench_parser().parse_args(argv)
     from .harness import format_table, plot, run_bench
-    from .policy import PolicyError, parse_policy
+    from rest_lsp.engine.policy import PolicyError, parse_policy
     from .prompts import PromptsError, load_prompts
 
     if args.methods is None:
@@ -156,9 +153,9 @@ def bench_main(argv: list[str] | None = None) -> int:
         _log(f"rest-lsp bench: --history: {e}")
         return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-bench.") as tmp:
-        corpus, repo, store = _datastores(args, _tokenizer_spec(lm), Path(tmp))
+        corpus, repo = _datastores(args, _tokenizer_spec(lm), Path(tmp))
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
-                           repository=repo, store=store, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
+                           repository=repo, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
                            histories=histories, verifier=args.verifier, warmup=not args.no_warmup, log=_log)
     if args.save_history:
         kept = histories["rest" if "rest" in methods else "rest-history"].tokens()
@@ -215,7 +212,8 @@ def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
     from indexer.embedded import cache_root
 
-    from .policy import PolicyError, parse_policy
+    from rest_lsp.engine.policy import PolicyError, parse_policy
+
     from .prompts import PromptsError, load_prompts
     from .replay import cost_model, evaluate, format_table, read_records, record_key, record_prompts
 
@@ -266,12 +264,12 @@ def replay_main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
         tok = _tokenizer_spec(lm) if lm is not None else header.get("tokenizer")
-        corpus, repo, store = _datastores(args, tok, Path(tmp))
+        corpus, repo = _datastores(args, tok, Path(tmp))
         results = []
         for pol in policies:
             for b in budgets:
                 try:
-                    results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo, store=store,
+                    results.append(evaluate(records, pol, b, cost, corpus=corpus, repository=repo,
                                             history=history, draft_len=args.draft_len,
                                             acceptance_lr=args.acceptance_lr))
                 except PolicyError as e:

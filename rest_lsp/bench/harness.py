@@ -86,7 +86,7 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 
 def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_new_tokens: int = 128,
-              corpus=None, repository=None, store=None, rest_policy: str = "rest",
+              corpus=None, repository=None, rest_policy: str = "rest",
               rest_budget: int | None = None, histories: dict | None = None, verifier: str = "auto",
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """verifier: the kind (rest_lsp.model.verifiers) that ar, rest-paper and rest share; pld always runs
@@ -99,7 +99,7 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
     order = (["ar"] if "ar" in methods else []) + [m for m in methods if m != "ar"]
     shared = SharedVerifier(make_verifier_or_eager(loaded, verifier))
     log(f"verifier: {shared.kind} (asked: {verifier})")
-    runners = {m: make_method(m, loaded, corpus=corpus, repository=repository, store=store,
+    runners = {m: make_method(m, loaded, corpus=corpus, repository=repository,
                               rest_policy=rest_policy, rest_budget=rest_budget,
                               history=(histories or {}).get(m), shared=shared) for m in order}
     if warmup:

@@ -6,9 +6,8 @@
                 transformers' own forward (generate cannot drive a `Verifier`), whatever --verifier says
     rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
                 order, a 64-node trie by raw counts
-    rest        the engine's own policy (`default_sources`: context, history, the datastore with the repository
-                attached, recycle) at the calibrated per-step budget, its history empty at the start (a daemon's
-                first run)
+    rest        the daemon's own policy (rest_lsp.engine.policy: context, history, repository, corpus, recycle)
+                at the calibrated per-step budget, its history empty at the start (a daemon's first run)
     rest-history  rest whose history source starts from a saved history (--history FILE: the model's output
                 on other prompts), as a daemon that ran before starts from its cache
 """
@@ -50,24 +49,21 @@ class SharedVerifier:
 
     def claim(self, engine) -> None:
         if self.owner is not engine:
-            engine._forget_cache()
+            engine.reset_cache()
             self.owner = engine
 
 
 class EngineMethod:
     """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
 
-    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, store=None, history=None,
+    def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, history=None,
                  draft_budget: int | None = None, draft_len: int = 10, shared: SharedVerifier | None = None):
-        from rest_lsp.engine import Engine
+        from rest_lsp.engine import Engine, make_sources
         from rest_lsp.model.verifiers import make_verifier_or_eager
-
-        from .policy import build_sources
 
         self.loaded = loaded
         self.policy = policy
-        self.sources = build_sources(policy, corpus=corpus, repository=repository, store=store,
-                                     history=history) if policy else []
+        self.sources = make_sources(policy, corpus=corpus, repository=repository, history=history) if policy else []
         self.draft_budget = draft_budget if self.sources else None
         self.draft_len = draft_len
         # one engine for all prompts, as the daemon keeps one: its acceptance calibration and the sources'
@@ -81,8 +77,10 @@ class EngineMethod:
         return self.engine.cost
 
     def describe(self) -> dict:
+        from rest_lsp.engine.policy import shares
+
         return {"loop": "rest_lsp.engine.Engine", "verifier": self.shared.kind, "policy": self.policy,
-                "sources": {s.name: round(w, 4) for s, w in self.sources},
+                "sources": shares(self.sources),
                 "draft_budget": self.draft_budget if self.sources else 0, "draft_len": self.draft_len}
 
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
@@ -91,7 +89,7 @@ class EngineMethod:
         self.shared.claim(self.engine)
         if self.sources and self.draft_budget is None and self.engine.cost is None:
             # calibrate c(q) outside the timed call: cached on disk per model/precision/verifier kind
-            self.engine._cost()
+            self.engine.cost_model()
         cfg = GenerationConfig(max_new_tokens=max_new_tokens,
                                draft_budget=self.draft_budget if self.sources else 0)
         res = self.engine.generate(list(prompt_ids), cfg)
@@ -153,11 +151,11 @@ class PldMethod:
         return Run(new, t1 - t0, prefill, max(1, len(clock.marks)), reason)
 
 
-def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, rest_policy: str = "rest",
+def make_method(name: str, loaded, *, corpus=None, repository=None, rest_policy: str = "rest",
                 rest_budget: int | None = None, history=None, shared: SharedVerifier | None = None):
     """shared: the verifier of the engine methods (None: an eager one of their own); history: the
     HistorySource of rest / rest-history (the caller warms it or saves it; rest-history needs one)."""
-    from .policy import PolicyError
+    from rest_lsp.engine.policy import PolicyError
 
     if name == "ar":
         return EngineMethod(loaded, None, shared=shared)
@@ -170,6 +168,6 @@ def make_method(name: str, loaded, *, corpus=None, repository=None, store=None, 
     if name in ("rest", "rest-history"):
         if name == "rest-history" and history is None:
             raise PolicyError("method rest-history needs a saved history (--history FILE)")
-        return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository, store=store,
+        return EngineMethod(loaded, rest_policy, corpus=corpus, repository=repository,
                             history=history, draft_budget=rest_budget, shared=shared)
     raise PolicyError(f"unknown method {name!r}; one of {', '.join(METHODS)}")

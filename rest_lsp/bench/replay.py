@@ -11,9 +11,9 @@ and a projected speedup from a cost table c(q):
 Recording runs the model once (greedy, the engine's own verifier, one token per forward) and stores the
 prompt ids, the output ids and the model's top-k after each output token (for the recycling source, which
 in the replay sees only the rows of the true path; a real run also sees the rejected draft rows).
-The draft construction is the engine's own `Engine._draft` (called on a model-free shell, `Drafter`), with
-the engine's online acceptance calibration updated after each step as `Engine._record` does, so for
-deterministic sources the replayed steps equal a real run's steps (tests assert it).
+The drafts come from the engine's own `Drafter` (rest_lsp/engine/drafter.py), driven as the engine drives it
+(begin, draft, record, observe_forward, observe, finish), so for deterministic sources the replayed steps
+equal a real run's steps (tests assert it).
 """
 from __future__ import annotations
 
@@ -179,67 +179,6 @@ def cost_model(spec: str | None, header: dict | None = None):
 
 
 # ---------------------------------------------------------------------------------------- replay
-class Drafter:
-    """The engine's own drafting without a model: an `Engine` shell holding only what `Engine._draft` reads
-    (sources with normalised shares, c(q), the online acceptance calibration, the node and length limits).
-    Calling the engine's method itself keeps the replay in step with the engine as it changes."""
-
-    def __init__(self, sources, cost, *, max_draft_nodes: int = 64, draft_len: int = 10,
-                 acceptance_lr: float | None = None):
-        from rest_lsp.engine.acceptance import AcceptanceModel
-        from rest_lsp.engine.cost import Calibration
-        from rest_lsp.engine.generate import Engine
-
-        total = sum(w for _, w in sources) or 1.0
-        e = Engine.__new__(Engine)
-        e.sources = [(src, w / total) for src, w in sources]
-        e.cost = cost
-        e.calibration = Calibration()
-        e.acceptance = AcceptanceModel() if acceptance_lr is None else AcceptanceModel(lr=acceptance_lr)
-        e.max_draft_nodes = max_draft_nodes
-        e.draft_len = draft_len
-        self.engine = e
-        self.sources = e.sources
-        self.last_trie = None  # the full trie of the last draft, before ranking cut it (for `covered`)
-        trie_of = e._trie
-
-        def keep_trie(context):
-            self.last_trie = trie_of(context)
-            return self.last_trie
-
-        e._trie = keep_trie
-
-    def draft(self, context: Sequence[int], budget: int | None):
-        from rest_lsp.engine.generate import GenerationConfig
-
-        self.last_trie = None
-        return self.engine._draft(list(context), GenerationConfig(draft_budget=budget))
-
-    def covered(self, truth: Sequence[int]) -> int:
-        """How many tokens of the true continuation the last draft's full trie holds: what the step would
-        accept if the ranking had picked the right path (the sources' ceiling, not the policy's)."""
-        trie, node, n = self.last_trie, 0, 0
-        if trie is None:
-            return 0
-        while n < len(truth) and (node := trie.children[node].get(truth[n], -1)) >= 0:
-            n += 1
-        return n
-
-    def accepted(self, tree, n_accepted: int) -> None:
-        """What the engine learns after a step (`Engine._record`): its estimate against the outcome."""
-        self.engine.calibration.update(sum(tree.probs[1:]), n_accepted)
-
-    def begin(self) -> None:
-        self.engine.acceptance.begin()
-
-    def observe(self, tokens: Sequence[int]) -> None:
-        """Tokens appended to the output (`Engine._observe`): the acceptance model learns from them."""
-        self.engine.acceptance.observe(tokens)
-
-    def finish(self) -> None:
-        self.engine.acceptance.finish()
-
-
 @dataclass
 class Step:
     q: int  # tokens verified (root + draft nodes)
@@ -250,29 +189,25 @@ class Step:
     covered: int = 0  # true tokens the step's full trie held (>= accepted)
 
 
-def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
+def replay_one(rec: Record, drafter, budget: int | None, cost) -> list[Step]:
     """Every decoding step of a greedy speculative run on this record (the prefill not included).
 
-    Mirrors `Engine._generate`: stop before a step once the output holds the end token or the length
+    Mirrors `Engine.advance` (drafter: a rest_lsp.engine.Drafter; cost: c(q) for an automatic budget): stop
+    before a step once the output holds the end token or the length
     limit; a step's emitted tokens are cut at the end token and at the limit (`Step.emitted`), while its
     accepted count and what the sources and the calibration see are the step's full outcome."""
     out = list(rec.output_ids) + ([rec.end_token] if rec.end_token is not None else [])
     limit = rec.max_new_tokens if rec.max_new_tokens is not None else len(rec.output_ids)
     if not out or limit <= 0:
         return []
-    sources = drafter.sources
-    for s, _ in sources:
-        if hasattr(s, "begin"):
-            s.begin(rec.prompt_ids)
-        s.observe([out[0]])
-    drafter.begin()
+    drafter.begin(rec.prompt_ids)
     drafter.observe([out[0]])
     context = list(rec.prompt_ids) + [out[0]]
     i = 0  # out[i] is the pending root: i + 1 tokens are out
     steps: list[Step] = []
     while i + 1 < limit and i + 1 < len(out) and out[i] != rec.end_token:
         t0 = time.perf_counter()
-        tree = drafter.draft(context, budget)
+        tree = drafter.draft(context, budget, cost)
         ms = (time.perf_counter() - t0) * 1000
         kids = tree.children()
         path = [0]
@@ -284,14 +219,12 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
             kept = kept[: kept.index(rec.end_token)]
         steps.append(Step(len(tree), len(kept), len(path) - 1, ms, [tree.sources[c] for c in path[1:]],
                           drafter.covered(out[i + 1:])))
-        drafter.accepted(tree, len(path) - 1)
-        listeners = [s for s, _ in sources if hasattr(s, "observe_forward")]
-        if listeners and rec.topk:
+        drafter.record(tree, path)
+        if drafter.topk and rec.topk:  # the recorded top-k of the true path's rows (a chain)
             rows = [rec.topk[i + d] for d in range(len(path)) if i + d < len(rec.topk)]
-            for s in listeners:
-                s.observe_forward([tree.tokens[c] for c in path][: len(rows)], rows)
-        for s, _ in sources:
-            s.observe(new)
+            for s, _ in drafter.sources:
+                if s.topk:
+                    s.observe_forward([tree.tokens[c] for c in path][: len(rows)], rows)
         drafter.observe(new)
         context += new
         i += len(new)
@@ -300,26 +233,27 @@ def replay_one(rec: Record, drafter: Drafter, budget: int | None) -> list[Step]:
 
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
-             repository=None, store=None, history: Sequence[int] | None = None, max_draft_nodes: int = 64,
+             repository=None, history: Sequence[int] | None = None, max_draft_nodes: int = 64,
              draft_len: int = 10, acceptance_lr: float | None = None) -> dict:
     """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
     run in order through one drafter, as prompts through one long-running engine; `history`: tokens of
     earlier output the history source starts with (`rest_lsp.engine.history.load_history`)."""
+    from rest_lsp.engine.acceptance import DEFAULT_LR
+    from rest_lsp.engine.drafter import Drafter
+    from rest_lsp.engine.policy import make_sources, shares
     from rest_lsp.engine.sources import HistorySource
-
-    from .policy import build_sources
 
     t = time.perf_counter()
     warm = HistorySource()
     if history is not None:
         warm.extend(history)
-    sources = build_sources(policy, corpus=corpus, repository=repository, store=store, history=warm)
-    drafter = Drafter(sources, cost, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
-                      acceptance_lr=acceptance_lr)
+    sources = make_sources(policy, corpus=corpus, repository=repository, history=warm)
+    drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
+                      acceptance_lr=DEFAULT_LR if acceptance_lr is None else acceptance_lr)
     steps: list[Step] = []
     per_prompt = []
     for rec in records:
-        s = replay_one(rec, drafter, budget)
+        s = replay_one(rec, drafter, budget, cost)
         steps += s
         per_prompt.append({"id": rec.id, "steps": len(s), "tokens": sum(x.emitted for x in s),
                            "mean_accepted": (sum(x.emitted for x in s) / len(s)) if s else None})
@@ -338,7 +272,7 @@ def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *
             by_run[x.sources[-1]] = by_run.get(x.sources[-1], 0) + 1
     return {
         "policy": policy,
-        "sources": {s.name: round(w, 4) for s, w in drafter.sources},
+        "sources": shares(drafter.sources),
         "budget": "auto" if budget is None else budget,
         "steps": len(steps),
         "tokens": tokens,

@@ -1,18 +1,25 @@
 """The REST decoding loop: draft, verify the whole tree in one forward, keep the model's own path.
 
-    prefill(prompt)                  -> the first new token (the pending root)
-    repeat:
-        draft   = trie of weighted continuations of context + root, mixed from the sources
-        tree    = root + the nodes worth their verification cost
-        logits  = verifier.forward(tree)          one forward, tree attention mask
-        path    = longest path equal to the model's argmax (greedy) or accepted by rejection (sampling)
-        emit path[1:] + the model's next token; keep only root + path in the KV cache
+    run = engine.start(prompt, config, key=uri)
+    while not run.done:
+        engine.advance(run)       one model forward:
+            prefill               a chunk of the prompt the KV cache lacks (a pooled state of an earlier
+                                  prompt with the longest shared prefix is brought back first); the last
+                                  chunk's logits give the first new token (the pending root)
+            decode step           draft = trie of the sources' continuations of context + root
+                                  tree  = root + the nodes worth their verification cost
+                                  logits = verifier.forward(tree)     one forward, tree attention mask
+                                  path  = longest path equal to the model's argmax (greedy), or accepted
+                                          by rejection (sampling); emit path[1:] + the model's next token
+                                  keep only root + path in the KV cache
 
 Greedy output is token-for-token what plain greedy decoding gives; with no draft a step is a plain step.
+Runs advance one forward at a time, so a caller can interleave them (a completion pre-empts a cache warm-up at
+the next chunk) and stop one at any step; what a stopped run computed stays in the cache for the next prompt.
+`generate` is the plain loop over one run.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -21,23 +28,30 @@ from typing import Callable, Sequence
 
 import torch
 
-from .acceptance import DEFAULT_LR, AcceptanceModel
-from .cost import Calibration, CostModel, best_size, cost_key, load_or_measure
+from .acceptance import DEFAULT_LR
+from .cost import CostModel, cost_key, load_or_measure
+from .drafter import Drafter
+from .kvpool import KVPool, common_prefix
 from .sources import DraftSource
 from .stops import StopChecker
-from .tree import DraftTree, accept_greedy, accept_sampled, flatten, rank_nodes, sampling_probs
-from .trie import TokenTrie, match_strength, mix
+from .tree import DraftTree, accept_greedy, accept_sampled, sampling_probs
 from .verifier import HFVerifier, Verifier, chain_mask
 
 log = logging.getLogger(__name__)
 
-# Prompt tokens per prefill forward: should_stop is polled between chunks, so a long prompt (seconds on a
-# CPU) can be cancelled; larger chunks save little once a forward is this wide.
+# Prompt tokens per prefill forward: a run can be stopped or pre-empted between chunks, so a long prompt
+# (seconds on a CPU) never holds the model for long; larger chunks save little once a forward is this wide.
 PREFILL_CHUNK = 256
+# Before the cache is cut back for another document by more than SAVE_MIN_TOKENS, or for anything by more than
+# SAVE_BIG_TOKENS (another place in the same document), its state goes to the pool; smaller cuts are the
+# typing at the cursor, whose old tail is worth nothing.
+SAVE_MIN_TOKENS = 32
+SAVE_BIG_TOKENS = 256
+
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # 0: prefill only (warm the KV cache for this prompt)
     draft_budget: int | None = None  # draft nodes per step; None: chosen per step from c(q)
     time_budget_s: float | None = None
     max_lines: int | None = None
@@ -52,7 +66,7 @@ class GenerationConfig:
 class GenerationResult:
     tokens: list[int]
     text: str
-    stop_reason: str  # "max_tokens" | "eos" | "time" | "max_lines" | "stop_text" | "cancelled"
+    stop_reason: str  # "max_tokens" | "eos" | "time" | "max_lines" | "stop_text" | "stop_fn" | "cancelled"
     steps: int  # model forwards that emitted tokens, the prefill included
     accepted: list[int]  # tokens emitted per step (REST's M = mean); the prefill emits 1
     prefill_s: float
@@ -62,11 +76,40 @@ class GenerationResult:
     draft_sizes: list[int] = field(default_factory=list)  # draft nodes verified per decoding step
     accepted_sources: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per source
     prompt_tokens: int = 0  # after fitting the context window
-    reused_tokens: int = 0  # prompt tokens whose KV came from the previous call
+    reused_tokens: int = 0  # prompt tokens whose KV was already computed (earlier calls, warm-ups, the pool)
+
+
+@dataclass(eq=False)
+class Run:
+    """One generation in progress. `out[-1]` is pending: decided, not yet in the KV cache."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    key: str | None  # whose KV states these are (a document), for the pool
+    result: GenerationResult
+    stops: StopChecker
+    rng: torch.Generator | None
+    chunk: int = PREFILL_CHUNK  # prompt tokens per prefill forward
+    out: list[int] = field(default_factory=list)
+    done: bool = False
+    forwards: int = 0  # model forwards spent on this run (prefill chunks included)
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.out)
+
+    @property
+    def text(self) -> str:
+        """The output so far, cut by the stop rules (final once done)."""
+        return self.result.text if self.done else self.stops.final_text
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.result.tokens if self.done else self.stops.final_tokens
 
 
 class Engine:
-    """Speculative decoding with drafts from weighted sources. Not re-entrant: calls are serialised."""
+    """Speculative decoding with drafts from weighted sources. Thread-safe: each forward holds a lock."""
 
     def __init__(
         self,
@@ -79,100 +122,219 @@ class Engine:
         draft_len: int = 10,
         eos_token_ids: Sequence[int] | None = None,
         acceptance_lr: float = DEFAULT_LR,
+        kv_pool_bytes: int = 0,
     ):
         """loaded: a LoadedModel (rest_lsp.model.host), or any object with .model and .tokenizer, or a bare
-        HF causal LM. sources: (source, share) pairs; shares are normalised to sum to 1. cost: c(q); None
+        HF causal LM. sources: (source, share) pairs (rest_lsp.engine.policy.make_sources). cost: c(q); None
         measures it on first use of an automatic budget (cached per model/precision/device). acceptance_lr:
-        how fast the node ranking learns from the engine's own steps (0: rank by the trie's mass)."""
+        how fast the node ranking learns from the engine's own steps (0: rank by the trie's mass).
+        kv_pool_bytes: memory for the KV states of earlier prompts (0: only the verifier's own cache)."""
         bare = isinstance(loaded, torch.nn.Module)  # a HF causal LM has its own `.model` (the decoder)
         self.model = loaded if bare else loaded.model
         self.tokenizer = None if bare else getattr(loaded, "tokenizer", None)
         self.name = type(self.model).__name__ if bare else getattr(loaded, "name", type(self.model).__name__)
         self.precision = str(next(self.model.parameters()).dtype) if bare else getattr(loaded, "precision", "")
         self.verifier: Verifier = verifier or HFVerifier(self.model, None if bare else getattr(loaded, "device", None))
-        total = sum(share for _, share in sources) or 1.0
-        self.sources: list[tuple[DraftSource, float]] = [(s, share / total) for s, share in sources]
-        if self.precision == "int8" and self.sources:
+        self.vocab_size: int = int(self.model.config.vocab_size)
+        if self.precision == "int8" and sources:
             # quantize_dynamic picks one activation scale per call, so a row's logits depend on the other rows
             # of a verification (docs/cpu.md): tree drafts would change the output. Decode plainly, exactly.
             log.warning("int8 dynamic quantization is not batch-invariant: speculation is off, decoding is plain")
-            self.sources = []
+            sources = ()
+        self.drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
+                               acceptance_lr=acceptance_lr, vocab_size=self.vocab_size)
         self.cost = cost
-        self.calibration = Calibration()  # learns how far the trie's estimates are off, across calls
-        self.acceptance = AcceptanceModel(lr=acceptance_lr)  # learns which nodes get accepted, across calls
-        self.max_draft_nodes = max_draft_nodes
-        self.draft_len = draft_len
         if eos_token_ids is None:  # eos, the generation config's eos, and the FIM family's end-of-infill tokens
             eos_token_ids = self._default_eos() + ([] if bare else list(getattr(loaded, "stop_ids", None) or []))
         self.eos_token_ids = set(eos_token_ids)
         limits = [getattr(self.model.config, "max_position_embeddings", None), getattr(self.verifier, "max_len", None),
                   None if bare else getattr(loaded, "context_length", None)]
         self.max_positions: int | None = min((int(x) for x in limits if x), default=None)
-        self._rows_kw = "rows" in inspect.signature(self.verifier.forward).parameters
-        self._cached: list[int] = []  # tokens whose keys/values the verifier holds
+        self.pool = KVPool(kv_pool_bytes)
         self.prefill_chunk = PREFILL_CHUNK
-        self._lock = threading.Lock()
+        self._cached: list[int] = []  # tokens whose keys/values the verifier holds
+        self._cached_key: str | None = None
+        self._logits: torch.Tensor | None = None  # [V] after the last cached token, when a prefill computed it
+        self._observing: Run | None = None  # the run whose output the drafter's sources are following
+        self._lock = threading.RLock()
+
+    @property
+    def sources(self) -> list[tuple[DraftSource, float]]:
+        return self.drafter.sources
 
     # ---- the loop -------------------------------------------------------------------------------
 
     def generate(
-        self, prompt_ids: Sequence[int], config: GenerationConfig, *, should_stop: Callable[[], bool] | None = None
+        self, prompt_ids: Sequence[int], config: GenerationConfig, *, should_stop: Callable[[], bool] | None = None,
+        key: str | None = None,
     ) -> GenerationResult:
+        """Run one generation to its end. should_stop is polled between forwards (prefill chunks and decoding
+        steps): the result then holds what was decided, with stop_reason "cancelled"."""
+        run = self.start(prompt_ids, config, key=key)
+        self.advance(run)
+        while not run.done:
+            if should_stop is not None and should_stop():
+                self.stop(run, "cancelled")
+                break
+            self.advance(run)
+        return run.result
+
+    def start(self, prompt_ids: Sequence[int], config: GenerationConfig, *, key: str | None = None,
+              chunk: int | None = None) -> Run:
+        """A run for this prompt; nothing is computed until `advance`."""
+        _check_config(config)
+        prompt = self._fit_context(list(prompt_ids), config.max_new_tokens)
+        rng = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        result = GenerationResult([], "", "", 0, [], 0.0, 0.0, [], [], prompt_tokens=len(prompt))
+        stops = StopChecker(config, self.tokenizer, self.eos_token_ids, time.perf_counter())
+        return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk))
+
+    def advance(self, run: Run) -> list[int]:
+        """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
+        not the prompt's last, or for recomputing the run's context after another prompt took the cache)."""
         with self._lock:
+            if run.done:
+                return []
             try:
-                return self._generate(list(prompt_ids), config, should_stop)
+                return self._decode_step(run) if run.prefilled else self._prefill_step(run)
             except BaseException:
-                self._forget_cache()  # an interrupted forward leaves the cache in an unknown state
+                self.reset_cache()  # an interrupted forward leaves the cache in an unknown state
                 raise
 
-    def _generate(self, prompt: list[int], config: GenerationConfig, should_stop) -> GenerationResult:
-        start = time.perf_counter()
-        _check_config(config)
-        prompt = self._fit_context(prompt, config.max_new_tokens)
-        rng = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-        if config.draft_budget is None and self.sources:
-            self._cost()  # calibrate before the prefill: measuring uses the verifier's cache
-        for source, _ in self.sources:
-            if hasattr(source, "begin"):
-                source.begin(prompt)
-        self.acceptance.begin()
+    def stop(self, run: Run, reason: str = "cancelled") -> None:
+        """End a run now: its result holds what was decided so far."""
+        with self._lock:
+            if not run.done:
+                if run.out:
+                    run.stops.check(run.out, None)  # the cut of what is decided
+                self._finish(run, reason)
 
-        reused = self._reuse_prefix(prompt)
-        logits = self._prefill(prompt, reused, should_stop)  # [V], the last prompt position
-        prefill_s = time.perf_counter() - start
-        if logits is None:  # cancelled between chunks: what was computed stays cached for the next call
-            return GenerationResult([], "", "cancelled", 0, [], prefill_s, 0.0, [], [], prompt_tokens=len(prompt),
-                                    reused_tokens=reused)
-        out = [self._pick(logits, config, rng)]  # out[-1] is pending: decided, not yet in the cache
-        stops = StopChecker(config, self.tokenizer, self.eos_token_ids, start)
-        res = GenerationResult([], "", "", 1, [1], prefill_s, 0.0, [], [], prompt_tokens=len(prompt),
-                               reused_tokens=reused)
-        self._observe(out)
-        while not (reason := stops.check(out, should_stop)):
-            t0 = time.perf_counter()
-            tree = self._draft(prompt + out, config)
-            t1 = time.perf_counter()
-            logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
-            path, nxt = self._accept(tree, logits, config, rng)
-            self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
-            t2 = time.perf_counter()
-            new = [tree.tokens[i] for i in path[1:]] + [nxt]
-            self._record(res, tree, path, new, (t1 - t0) * 1000, (t2 - t1) * 1000)
-            self._observe_forward(tree, logits)
-            self._observe(new)
-            out += new
-        self.acceptance.finish()
-        self._cached = prompt + out[:-1]
-        res.tokens, res.text = stops.final_tokens, stops.final_text
+    def _prefill_step(self, run: Run) -> list[int]:
+        t0 = time.perf_counter()
+        if run.forwards == 0 and self.drafter and run.config.draft_budget is None:
+            self.cost_model()  # calibrate before the cache holds anything worth keeping
+        n = self._activate(run.prompt, run.key)
+        whole = n == len(run.prompt) and self._logits is not None  # a warm-up computed this very prompt
+        if run.forwards == 0:  # the last token is computed again unless its logits were kept
+            run.result.reused_tokens = n if whole else min(n, len(run.prompt) - 1)
+        logits = self._logits if whole else self._fill(run.prompt, n, run)
+        run.result.prefill_s += time.perf_counter() - t0
+        if logits is None:
+            return []
+        first = self._pick(logits, run)  # [V] -> the first new token, pending
+        run.out = [first]
+        run.result.steps, run.result.accepted = 1, [1]
+        if run.config.max_new_tokens > 0:
+            self._follow(run, new=True)
+            self.drafter.observe([first])
+        self._check(run)
+        return [first]
+
+    def _decode_step(self, run: Run) -> list[int]:
+        t0 = time.perf_counter()
+        context = run.prompt + run.out[:-1]  # what the cache must hold before the step
+        n = self._activate(context, run.key)
+        if n < len(context):  # another prompt took the cache and its state was not kept: compute it again
+            self._fill(context, n, run)
+            if len(self._cached) < len(context):
+                run.result.decode_s += time.perf_counter() - t0
+                return []  # (the step follows at once when one forward restored it: runs never starve)
+        self._follow(run, new=False)
+        t1 = time.perf_counter()
+        budget = run.config.draft_budget
+        cost = self.cost_model() if budget is None and self.drafter else None
+        tree = self.drafter.draft(context + run.out[-1:], budget, cost)
+        t2 = time.perf_counter()
+        logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
+        path, nxt = self._accept(tree, logits, run)
+        self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
+        t3 = time.perf_counter()
+        new = [tree.tokens[i] for i in path[1:]] + [nxt]
+        run.out += new
+        run.forwards += 1
+        self._cached, self._logits = run.prompt + run.out[:-1], None
+        self._record(run.result, tree, path, (t2 - t1) * 1000, (t3 - t2) * 1000)
+        self.drafter.record(tree, path)
+        self.drafter.observe_forward(tree, logits)
+        self.drafter.observe(new)
+        run.result.decode_s += time.perf_counter() - t0
+        self._check(run)
+        return new
+
+    def _check(self, run: Run) -> None:
+        reason = run.stops.check(run.out, None)
+        if reason:
+            self._finish(run, reason)
+
+    def _finish(self, run: Run, reason: str) -> None:
+        res = run.result
+        res.tokens, res.text = list(run.stops.final_tokens), run.stops.final_text
         res.stop_reason = reason
         _trim_accepted(res.accepted, sum(res.accepted) - len(res.tokens))
-        res.decode_s = time.perf_counter() - start - prefill_s
-        return res
+        run.done = True
+        if self._observing is run:
+            self.drafter.finish()
+            self._observing = None
 
-    def draft(self, context: Sequence[int], config: GenerationConfig | None = None) -> DraftTree:
-        """The tree a step would verify after `context` (its last token decided, not yet verified): for
-        offline replay of draft policies. Reads only the sources, cost, calibration and draft limits."""
-        return self._draft(list(context), config or GenerationConfig())
+    # ---- the KV cache -----------------------------------------------------------------------------
+
+    def _fill(self, tokens: list[int], n: int, run: Run) -> torch.Tensor | None:
+        """One forward appending tokens[n : n + run.chunk] to a cache holding tokens[:n]; the logits [V] after
+        the last token when this completes `tokens`, else None."""
+        if n == len(tokens):  # all cached, but not the last token's logits: compute that token again
+            n -= 1
+            self._truncate(n)
+        hi = min(len(tokens), n + run.chunk)
+        q = hi - n
+        device = self.verifier_device
+        out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
+                                    torch.arange(q, device=device), chain_mask(q, device),
+                                    rows=[q - 1])  # only the last row's logits are used
+        run.forwards += 1
+        self._cached, self._logits = tokens[:hi], out[-1]
+        return self._logits if hi == len(tokens) else None
+
+    def _activate(self, tokens: Sequence[int], key: str | None) -> int:
+        """Make the verifier hold the longest prefix of `tokens` that it or the pool has; returns its length."""
+        n = common_prefix(self._cached, tokens)
+        if self.pool.budget_bytes:
+            found = self.pool.take(tokens, better_than=n)
+            lost = len(self._cached) - n
+            if found is not None:
+                self._save_active()
+                entry, n = found
+                self.verifier.import_state(entry.state)
+                self._cached, self._logits = [int(t) for t in entry.tokens], entry.logits
+            elif lost > SAVE_BIG_TOKENS or (lost > SAVE_MIN_TOKENS and key != self._cached_key):
+                self._save_active()  # about to be cut back for another document or place: keep a copy
+        self._cached_key = key
+        self._truncate(n)
+        return n
+
+    def _save_active(self) -> None:
+        if self._cached and self.pool.budget_bytes:
+            self.pool.put(self._cached_key, self._cached, self.verifier.export_state(), self._logits)
+
+    def _truncate(self, n: int) -> None:
+        if n < len(self._cached):
+            self.verifier.truncate(n)
+            self._cached = self._cached[:n]
+            self._logits = None
+
+    def reset_cache(self) -> None:
+        """Forget every KV state (the next prompt is computed from its start)."""
+        with self._lock:
+            self._cached, self._logits = [], None
+            self.pool.clear()
+            try:
+                self.verifier.truncate(0)
+            except Exception:  # noqa: BLE001 - a broken verifier is reported by its next forward
+                pass
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens the verifier's cache holds now."""
+        return len(self._cached)
 
     # ---- the pieces -----------------------------------------------------------------------------
 
@@ -182,7 +344,7 @@ class Engine:
 
     def _fit_context(self, prompt: list[int], max_new: int) -> list[int]:
         """Drop from the left so that prompt + new tokens (+ a full draft) fit the model's positions."""
-        vocab = self.model.config.vocab_size
+        vocab = self.vocab_size
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
@@ -192,98 +354,46 @@ class Engine:
                 raise ValueError("empty prompt and the tokenizer has no beginning-of-sequence token")
             prompt = [bos]
         if self.max_positions:
-            room = self.max_positions - max_new - self.draft_len - self.max_draft_nodes - 1  # the last tree's slots
+            room = self.max_positions - max_new - self.drafter.draft_len - self.drafter.max_draft_nodes - 1
             if room < 1:
                 raise ValueError(f"max_new_tokens={max_new} leaves no room in a {self.max_positions}-token context")
             prompt = prompt[-room:]
         return prompt
 
-    def _reuse_prefix(self, prompt: list[int]) -> int:
-        """Keep the cached keys/values of the longest prefix shared with the previous call (at least one
-        prompt token is recomputed, for its logits)."""
-        n = 0
-        limit = min(len(self._cached), len(prompt) - 1)
-        while n < limit and self._cached[n] == prompt[n]:
-            n += 1
-        self.verifier.truncate(n)
-        self._cached = prompt[:n]
-        return n
+    def _follow(self, run: Run, *, new: bool) -> None:
+        """Point the drafter's sources at this run's output (another run may have used them since)."""
+        if self._observing is run:
+            return
+        if self._observing is not None:
+            self.drafter.finish()
+        # a new run starts after its prompt (its first token is observed next); a resumed one after its
+        # output so far, which its sources saw before
+        self.drafter.begin(run.prompt if new else run.prompt + run.out)
+        self._observing = run
 
-    def _prefill(self, prompt: list[int], start: int, should_stop) -> torch.Tensor | None:
-        """Append prompt[start:] to the cache in chunks; logits [V] after the last token, or None when
-        should_stop turned true between chunks (self._cached then records exactly the chunks computed)."""
-        device = self.verifier_device
-        logits = None
-        for lo in range(start, len(prompt), self.prefill_chunk):
-            if lo > start and should_stop is not None and should_stop():
-                return None
-            chunk = prompt[lo : lo + self.prefill_chunk]
-            q = len(chunk)
-            args = (torch.tensor(chunk, dtype=torch.long, device=device), torch.arange(q, device=device),
-                    chain_mask(q, device))
-            # only the last row's logits are used (rows= skips the rest of the output projection)
-            logits = self.verifier.forward(*args, rows=[q - 1]) if self._rows_kw else self.verifier.forward(*args)
-            self._cached = prompt[: lo + q]
-        return logits[-1]
-
-    def _draft(self, context: list[int], config: GenerationConfig) -> DraftTree:
-        """Root (the pending token) plus the draft nodes worth verifying."""
-        budget = self.max_draft_nodes if config.draft_budget is None else config.draft_budget
-        if not self.sources or budget <= 0:
-            return DraftTree.single(context[-1])
-        return self._select(self._trie(context), budget, config)
-
-    def _trie(self, context: list[int]) -> TokenTrie:
-        """Every source's continuations of the context, mixed by share into one trie."""
-        proposals = []
-        for source, share in self.sources:
-            conts = source.propose(context, self.draft_len)
-            proposals.append((source.name, share, match_strength(getattr(source, "last_match_len", None)), conts))
-        return mix(context[-1], proposals)
-
-    def _select(self, trie: TokenTrie, budget: int, config: GenerationConfig) -> DraftTree:
-        """The best `budget` nodes by estimated acceptance, cut where c(q) makes another node a loss."""
-        est = self.acceptance.estimate(trie)  # [N] each node's chance of acceptance
-        order = rank_nodes(trie, budget, est)
-        if config.draft_budget is None:
-            scale = self.calibration.scale()
-            order = order[: best_size([min(1.0, est[n] * scale) for n in order], self._cost())]
-        return flatten(trie, order, est)
-
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, rng) -> tuple[list[int], int]:
-        if config.temperature <= 0:
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, run: Run) -> tuple[list[int], int]:
+        cfg = run.config
+        if cfg.temperature <= 0:
             return accept_greedy(tree, logits.argmax(dim=-1).tolist())
-        return accept_sampled(tree, lambda i: sampling_probs(logits[i], config.temperature, config.top_p), rng)
+        return accept_sampled(tree, lambda i: sampling_probs(logits[i], cfg.temperature, cfg.top_p), run.rng)
 
-    def _pick(self, logits: torch.Tensor, config: GenerationConfig, rng) -> int:
+    def _pick(self, logits: torch.Tensor, run: Run) -> int:
         """The next token from one row of logits [V]."""
-        if config.temperature <= 0:
+        cfg = run.config
+        if cfg.temperature <= 0:
             return int(logits.argmax())
-        probs = sampling_probs(logits, config.temperature, config.top_p)
-        return int(torch.multinomial(probs.double(), 1, generator=rng))
+        probs = sampling_probs(logits, cfg.temperature, cfg.top_p)
+        return int(torch.multinomial(probs.double(), 1, generator=run.rng))
 
-    def _record(self, res: GenerationResult, tree: DraftTree, path: list[int], new: list[int],
-                retrieval_ms: float, forward_ms: float) -> None:
+    def _record(self, res: GenerationResult, tree: DraftTree, path: list[int], retrieval_ms: float,
+                forward_ms: float) -> None:
         res.steps += 1
-        res.accepted.append(len(new))
+        res.accepted.append(len(path))  # the accepted nodes plus the model's own next token
         res.retrieval_ms.append(retrieval_ms)
         res.forward_ms.append(forward_ms)
         res.draft_sizes.append(len(tree) - 1)
-        self.calibration.update(sum(tree.probs[1:]), len(path) - 1)
         for i in path[1:]:
             res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
-
-    def _observe(self, tokens: list[int]) -> None:
-        for source, _ in self.sources:
-            source.observe(tokens)
-        self.acceptance.observe(tokens)
-
-    def _observe_forward(self, tree: DraftTree, logits: torch.Tensor) -> None:
-        listeners = [s for s, _ in self.sources if hasattr(s, "observe_forward")]
-        if listeners:
-            topk = logits.topk(max(getattr(s, "k", 4) for s in listeners), dim=-1).indices.tolist()  # [q, k]
-            for s in listeners:
-                s.observe_forward(tree.tokens, topk, tree.parents)
 
     def calibrate(self, *, force: bool = False, **measure_kw) -> CostModel:
         """Measure c(q) now (or read it from the user cache): call at start-up to keep the measurement
@@ -291,21 +401,18 @@ class Engine:
         with self._lock:
             return self._measure(force, **measure_kw)
 
-    def _cost(self) -> CostModel:
-        return self.cost if self.cost is not None else self._measure(False)
+    def cost_model(self) -> CostModel:
+        """c(q), measured on first use (cached on disk per model, precision, device and verifier)."""
+        with self._lock:
+            return self.cost if self.cost is not None else self._measure(False)
 
     def _measure(self, force: bool, **measure_kw) -> CostModel:
         key = cost_key(self.name, self.precision, str(self.verifier_device), self.verifier)
-        self.cost = load_or_measure(self.verifier, self.model.config.vocab_size, key, force=force, **measure_kw)
-        self._cached = []  # measuring used the cache
+        self._save_active()
+        self.cost = load_or_measure(self.verifier, self.vocab_size, key, force=force, **measure_kw)
+        self._cached, self._logits = [], None  # measuring used the cache
+        self.verifier.truncate(0)
         return self.cost
-
-    def _forget_cache(self) -> None:
-        self._cached = []
-        try:
-            self.verifier.truncate(0)
-        except Exception:
-            pass
 
     def _default_eos(self) -> list[int]:
         ids: set[int] = set()
@@ -323,6 +430,8 @@ def _check_config(config: GenerationConfig) -> None:
         raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {config.temperature}, {config.top_p}")
     if config.draft_budget is not None and config.draft_budget < 0:
         raise ValueError(f"draft_budget must be >= 0 or None, got {config.draft_budget}")
+    if config.max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {config.max_new_tokens}")
 
 
 def _trim_accepted(accepted: list[int], excess: int) -> None:

@@ -4,14 +4,14 @@
 - `ContextSource`: prompt lookup over the prompt and the open buffers, every match with n >= 1 as a tree.
 - `HistorySource`: the text this process generated before (users accept completions and then repeat them).
 - `RecyclingSource`: the model's own earlier top-k predictions per token (Token Recycling / SAM-Decoding).
+- `PaperSource`: REST as published (the baseline `rest-lsp bench` compares with).
 
-Each returns weighted continuations; the engine normalises them per source and mixes the sources by share.
-`last_match_len` (the context suffix a source matched; None where that means nothing) lets the mixer
-trust long matches more than short ones.
+Each returns weighted continuations; the drafter (rest_lsp/engine/drafter.py) normalises them per source and
+mixes the sources by share (rest_lsp/engine/policy.py). `last_match_len` (the context suffix a source matched;
+None where that means nothing) lets the mixer trust long matches more than short ones.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -19,15 +19,26 @@ import numpy as np
 
 @runtime_checkable
 class DraftSource(Protocol):
+    """What the drafter calls on a source. Sources subclass it and override what they need; the defaults
+    are no-ops, so the drafter calls every hook on every source without probing for it."""
+
     name: str
+    last_match_len: int | None = None  # the context suffix the last `propose` matched (None: not meaningful)
+    topk: int = 0  # how many of the model's top tokens per verified row `observe_forward` wants (0: none)
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         """Continuations of the context with weights (any scale); the drafter normalises per source."""
         ...
 
+    def begin(self, context: Sequence[int]) -> None:
+        """A generation starts (or resumes) after `context`; what `observe` appends continues it."""
+
     def observe(self, tokens: Sequence[int]) -> None:
-        """Tokens appended to the context (optional no-op)."""
-        ...
+        """Tokens appended to the context."""
+
+    def observe_forward(self, tokens: Sequence[int], topk: Sequence[Sequence[int]],
+                        parents: Sequence[int] | None = None) -> None:
+        """The model's top-`topk` next tokens after each verified row (tokens [q], parents [q])."""
 
 
 def suffix_matches(
@@ -64,7 +75,7 @@ def weight_for_match(n: int) -> float:
     return float(n * n)
 
 
-class _MatchingSource:
+class _MatchingSource(DraftSource):
     """Continuations after every suffix match in a set of token texts, weighted by match length."""
 
     name = "match"
@@ -89,9 +100,6 @@ class _MatchingSource:
         found = found[: self.max_matches]
         self.last_match_len = found[0][0] if found else 0
         return [(cont, weight_for_match(n)) for n, cont in found if cont]
-
-    def observe(self, tokens: Sequence[int]) -> None:
-        pass
 
 
 class ContextSource(_MatchingSource):
@@ -126,7 +134,7 @@ class HistorySource(_MatchingSource):
         self._n = 0
         self.total = 0  # tokens appended so far (separators included), kept or not: a position for `since`
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int]) -> None:
         """A new generation starts: separate it from the previous one."""
         if self._n and self._buf[self._n - 1] != self.SEPARATOR:
             self.observe([self.SEPARATOR])
@@ -164,7 +172,7 @@ class HistorySource(_MatchingSource):
         return [(self._buf[: self._n], False)]
 
 
-class DatastoreSource:
+class DatastoreSource(DraftSource):
     """Continuations from indexer's suffix-array datastore (corpus and repository shards).
 
     The longest suffix match decides first; its continuations are often few and rare, so the continuations of
@@ -185,14 +193,11 @@ class DatastoreSource:
         self.max_continuations = max_continuations
         self.backoff = tuple(backoff)
         self.last_match_len: int | None = 0
-        try:  # `limit=` builds only the heaviest continuations (indexer's Datastore has it)
-            self._limit = "limit" in inspect.signature(datastore.search).parameters
-        except (TypeError, ValueError):
-            self._limit = False
 
     def _search(self, context: Sequence[int], n_max: int, n_min: int, max_len: int):
-        kw = {"limit": self.max_continuations} if self._limit else {}
-        return self.datastore.search(context, n_max=n_max, n_min=n_min, k=self.k, max_len=max_len, **kw)
+        # limit: build only the heaviest continuations (the datastore's search takes it: indexer.store)
+        return self.datastore.search(context, n_max=n_max, n_min=n_min, k=self.k, max_len=max_len,
+                                     limit=self.max_continuations)
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         max_len = min(max_len, self.max_len) if self.max_len else max_len
@@ -209,11 +214,8 @@ class DatastoreSource:
                 merged[key] = merged.get(key, 0.0) + weight_for_match(n_level) * float(c.weight) / total
         return list(merged.items())
 
-    def observe(self, tokens: Sequence[int]) -> None:
-        pass
 
-
-class RecyclingSource:
+class RecyclingSource(DraftSource):
     """The model's own recent top-k next tokens, keyed by the last 1..`order` tokens (Token Recycling, with an
     n-gram backoff as in SAM-Decoding), expanded into a small tree.
 
@@ -227,7 +229,7 @@ class RecyclingSource:
 
     def __init__(self, k: int = 4, depth: int = 4, branching: Sequence[int] = (4, 2, 1, 1), order: int = 3,
                  capacity: int = 1 << 18):
-        self.k = k
+        self.k = self.topk = k
         self.depth = depth
         self.branching = tuple(branching)
         self.order = order
@@ -236,8 +238,8 @@ class RecyclingSource:
         self.last_match_len: int | None = None
         self._tail: list[int] = []  # the last `order` context tokens the engine reported
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self._tail = [int(t) for t in prompt[-self.order :]]
+    def begin(self, context: Sequence[int]) -> None:
+        self._tail = [int(t) for t in context[-self.order :]]
 
     def observe(self, tokens: Sequence[int]) -> None:
         self._tail = (self._tail + [int(t) for t in tokens])[-self.order :]
@@ -288,7 +290,6 @@ class RecyclingSource:
         return out
 
 
-DEFAULT_SHARES = {"context": 0.5, "history": 0.2, "corpus": 0.25, "recycle": 0.05}
 # A generic corpus's continuations are cut at 6 tokens: on the 144 HumanEval prompts not benchmarked (a
 # replay, 20-prompt chunks) M stays within 0.004 at 4-5 nodes and gains 0.02 at 64, as the tree's deep
 # nodes go to the other sources, while drafting takes about 0.3 ms less per step (docs/engine.md). The
@@ -296,17 +297,20 @@ DEFAULT_SHARES = {"context": 0.5, "history": 0.2, "corpus": 0.25, "recycle": 0.0
 CORPUS_MAX_LEN = 6
 
 
-def default_sources(datastore=None, *, context: ContextSource | None = None, history: HistorySource | None = None,
-                    recycle: bool = True, shares: dict[str, float] | None = None) -> list[tuple[DraftSource, float]]:
-    """The sources and shares `rest` uses: the live context and open buffers first (the longest accepted runs
-    come from the current file and the model's own output, ../shared/NOTES.md), then this process's earlier
-    output, the datastore (corpus and repository shards), and the model's own recent top-k predictions.
-    Pass the ContextSource the daemon feeds open buffers into, and one HistorySource shared across engines."""
-    s = {**DEFAULT_SHARES, **(shares or {})}
-    out: list[tuple[DraftSource, float]] = [(context or ContextSource(), s["context"]),
-                                            (history or HistorySource(), s["history"])]
-    if datastore is not None:
-        out.append((DatastoreSource(datastore, max_len=CORPUS_MAX_LEN), s["corpus"]))
-    if recycle:
-        out.append((RecyclingSource(), s["recycle"]))
-    return [(src, share) for src, share in out if share > 0]
+class PaperSource(DraftSource):
+    """REST as published: the longest context suffix (16 down to 2 tokens) found in the datastore, and the
+    continuations of its first k occurrences in suffix-array order (a biased sample when there are more than
+    k: the reference implementation's behaviour), weighted by raw counts."""
+
+    name = "paper"
+
+    def __init__(self, datastore, n_max: int = 16, n_min: int = 2, k: int = 5000):
+        self.datastore = datastore
+        self.n_max, self.n_min, self.k = n_max, n_min, k
+        self.last_match_len: int | None = 0
+
+    def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        r = self.datastore.search(context, n_max=self.n_max, n_min=self.n_min, k=self.k, max_len=max_len,
+                                  first_k=True)
+        self.last_match_len = r.match_len
+        return [(c.tokens, float(c.count)) for c in r.continuations]  # raw counts, as the reference weighs

@@ -27,12 +27,14 @@ class Verifier(Protocol):
 
     past_len: int  # tokens held in the cache
 
-    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
+                rows: Sequence[int] | None = None) -> torch.Tensor:
         """Run q new tokens after the cache and append them to it.
 
         tokens [q] int64; depths [q] (position id = past_len + depth); tree_mask [q, q] bool, row i attends
         column j iff j is i or an ancestor of i (a chain, e.g. the prefill, is lower-triangular).
-        Returns logits [q, V] float32.
+        Returns logits [q, V] float32, or [len(rows), V] for those rows only (a prefill needs its last row:
+        most of the output projection is skipped).
         """
         ...
 

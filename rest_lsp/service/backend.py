@@ -1,6 +1,6 @@
 """The real backend: the model host, the REST engine and its draft sources, owned by the inference thread.
 
-Draft sources, mixed by share (SHARES; the engine normalises them): the prompt itself (`ContextSource`), the
+Draft sources, mixed by share (rest_lsp/engine/policy.py, the policy the bench measures): the prompt itself (`ContextSource`), the
 model's earlier output (`HistorySource`, kept in the cache directory across restarts unless `persist_history`
 is off), the workspace datastores with their live shards of open buffers (`DatastoreSource` over
 `DatastoreSet`), the configured corpus datastore, and the model's own recent top-k (`RecyclingSource`).
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the engine (and torch) load with the model, not with the se
 
 log = logging.getLogger(__name__)
 
-SHARES = {"context": 0.5, "history": 0.2, "repository": 0.3, "corpus": 0.2, "recycle": 0.05}
 HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the daemon closes)
 
 
@@ -42,8 +41,8 @@ class EngineBackend:
                  history_file: Path | None = None):
         from rest_lsp.engine.generate import Engine
         from rest_lsp.engine.history import HistoryFile, history_model_key
-        from rest_lsp.engine.sources import (CORPUS_MAX_LEN, ContextSource, DatastoreSource, HistorySource,
-                                             RecyclingSource)
+        from rest_lsp.engine.policy import make_sources
+        from rest_lsp.engine.sources import ContextSource, HistorySource
 
         self.loaded = loaded
         self.name = loaded.name
@@ -64,11 +63,9 @@ class EngineBackend:
         self._history_saved = time.monotonic()
         if history_file is not None:
             self._load_history(HistoryFile(history_file, history_model_key(loaded), self.history))
-        sources = [(self.context, SHARES["context"]), (self.history, SHARES["history"]),
-                   (DatastoreSource(repository, name="repository"), SHARES["repository"])]
-        if self.corpus is not None:
-            sources.append((DatastoreSource(self.corpus, name="corpus", max_len=CORPUS_MAX_LEN), SHARES["corpus"]))
-        sources.append((RecyclingSource(), SHARES["recycle"]))
+        # the policy `rest-lsp bench --methods rest` measures (rest_lsp/engine/policy.py)
+        sources = make_sources("rest", context=self.context, history=self.history, repository=repository,
+                               corpus=self.corpus)
         from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 
         # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
@@ -128,7 +125,7 @@ class EngineBackend:
 
     def forget_kv_cache(self) -> None:
         """Start the next generation from an empty KV cache (fair timing in `complete --compare`)."""
-        self.engine._forget_cache()
+        self.engine.reset_cache()
 
     def tokenizer_spec(self) -> str | None:
         """What the indexer needs to load the same tokenizer (a model dir; None for the embedded model)."""

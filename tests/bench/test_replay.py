@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from rest_lsp.bench.cli import replay_main
-from rest_lsp.bench.policy import PolicyError, build_sources, parse_policy
 from rest_lsp.bench.prompts import load_prompts
-from rest_lsp.bench.replay import LOOKAHEAD, Drafter, evaluate, greedy_record, read_records, replay_one
+from rest_lsp.bench.replay import LOOKAHEAD, evaluate, greedy_record, read_records, replay_one
 from rest_lsp.engine.cost import CostModel
+from rest_lsp.engine.drafter import Drafter
+from rest_lsp.engine.policy import SHARES, PolicyError, make_sources, parse_policy
 
 COST = CostModel([1, 2, 4, 8, 16, 64], [10.0, 11.0, 13.0, 20.0, 35.0, 120.0])
 
@@ -48,12 +49,12 @@ def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, b
     corpus = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
     policy_sources = policy if policy != "rest" else "context=0.5,history=0.2,corpus=0.25"  # no recycle:
     # in a replay it sees only the true path's rows, a real run also the rejected ones
-    drafter = Drafter(build_sources(policy_sources, corpus=corpus), COST)
-    engine = Engine(tiny_lm, build_sources(policy_sources, corpus=corpus), cost=COST,
+    drafter = Drafter(make_sources(policy_sources, corpus=corpus))
+    engine = Engine(tiny_lm, make_sources(policy_sources, corpus=corpus), cost=COST,
                     eos_token_ids=tiny_lm.stop_ids)
     replayed, real, sizes = [], [], []
     for rec in records:
-        steps = replay_one(rec, drafter, budget)
+        steps = replay_one(rec, drafter, budget, COST)
         res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=rec.max_new_tokens,
                                                                draft_budget=budget))
         assert res.tokens == rec.greedy
@@ -62,7 +63,7 @@ def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, b
         assert res.draft_sizes[: len(steps)] == [s.q - 1 for s in steps]
         sizes += res.draft_sizes
     assert replayed == real
-    assert engine.calibration == drafter.engine.calibration
+    assert engine.drafter.calibration == drafter.calibration
     assert max(sizes) > 0, "the check should cover steps with drafts"
     if policy != "paper":  # the random tiny model never continues like the corpus, but it repeats itself
         assert any(max(r) > 1 for r in real), "the check should cover steps that accept drafts"
@@ -94,10 +95,10 @@ def test_evaluate_reports(records, corpus_dir, tiny_lm):
 
 
 def test_covered_walks_the_full_trie(records):
-    drafter = Drafter(build_sources("context=1"), COST)
+    drafter = Drafter(make_sources("context=1"))
     rec = records[0]
     context = rec.prompt_ids + rec.output_ids[:30]
-    tree = drafter.draft(context, 1)
+    tree = drafter.draft(context, 1, COST)
     trie = drafter.last_trie
     assert trie is not None and len(trie) > len(tree)  # ranking kept one node of many
     # the trie's own paths are covered to their full depth, anything else not at all
@@ -140,17 +141,16 @@ def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
 
 
 def test_policy_parsing():
-    from rest_lsp.engine.sources import DEFAULT_SHARES
-
-    assert parse_policy("rest") == [(k, v) for k, v in DEFAULT_SHARES.items() if v > 0]
+    assert parse_policy("rest") == list(SHARES.items())
     assert parse_policy("context,recycle=2") == [("context", 1.0), ("recycle", 2.0)]
     for bad in ("nope=1", "context=x", "context=0"):
         with pytest.raises(PolicyError):
             parse_policy(bad)
     with pytest.raises(PolicyError, match="needs a corpus"):
-        build_sources("paper")
-    assert "corpus" not in [s.name for s, _ in build_sources("rest")]  # no datastore: no corpus source
-    assert abs(sum(w for _, w in build_sources("rest")) - 1.0) < 1e-9
+        make_sources("paper")
+    assert "corpus" not in [s.name for s, _ in make_sources("rest")]  # no datastore: no corpus source
+    # the drafter normalises the shares of the sources present, once
+    assert abs(sum(w for _, w in Drafter(make_sources("rest")).sources) - 1.0) < 1e-9
 
 
 def test_replay_cli_records_once(tiny_dir, prompts_file, corpus_dir, tmp_path, monkeypatch, capsys):
@@ -219,15 +219,15 @@ def test_replay_exact_when_an_end_token_stops_the_run(tiny_lm, records, corpus_d
     rec = greedy_record(lm, rec0.prompt_ids, 40)
     assert rec.end_token == end and rec.stop_reason == "eos" and len(rec.output_ids) <= 20
     spec = "context=0.7,history=0.3"
-    drafter = Drafter(build_sources(spec), COST)
-    engine = Engine(lm, build_sources(spec), cost=COST, eos_token_ids=[end])
+    drafter = Drafter(make_sources(spec))
+    engine = Engine(lm, make_sources(spec), cost=COST, eos_token_ids=[end])
     for _ in range(2):  # the second time the history source knows the whole output
-        steps = replay_one(rec, drafter, None)
+        steps = replay_one(rec, drafter, None, COST)
         res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=40))
         assert res.tokens == rec.greedy and res.stop_reason == "eos"
         assert [s.emitted for s in steps] == res.accepted[1:]
         assert [s.q - 1 for s in steps] == res.draft_sizes
-    assert engine.calibration == drafter.engine.calibration
+    assert engine.drafter.calibration == drafter.calibration
     assert max(res.accepted) > 1
 
 

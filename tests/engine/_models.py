@@ -5,6 +5,8 @@ import functools
 
 import torch
 
+from rest_lsp.engine.sources import DraftSource
+
 VOCAB = 64
 
 
@@ -48,7 +50,7 @@ def random_prompt(seed: int, n: int, vocab: int = VOCAB) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
-class ScriptedSource:
+class ScriptedSource(DraftSource):
     """A draft source that proposes given continuations of the context (by absolute position)."""
 
     def __init__(self, full: list[int], name: str = "oracle", corrupt_at: int | None = None,

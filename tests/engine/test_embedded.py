@@ -25,14 +25,14 @@ def loaded():
 
 
 def test_rest_equals_plain_greedy_on_the_embedded_model(loaded):
-    from rest_lsp.engine import Engine, GenerationConfig, default_sources
+    from rest_lsp.engine import Engine, GenerationConfig, make_sources
 
     prompt = loaded.tokenizer(PREFIX)["input_ids"]
     ids = torch.tensor([prompt])
     with torch.no_grad():
         ref = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
     ref = ref[0, len(prompt):].tolist()
-    engine = Engine(loaded, default_sources())
+    engine = Engine(loaded, make_sources("rest"))
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=40, draft_budget=6))
     stop = next((i for i, t in enumerate(ref) if t in engine.eos_token_ids), len(ref))
     assert res.tokens == ref[:stop]

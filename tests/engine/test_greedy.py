@@ -129,14 +129,32 @@ def test_failed_forward_leaves_no_stale_cache():
     engine = Engine(model, eos_token_ids=[])
     prompt = random_prompt(6, 20)
     engine.generate(prompt, GenerationConfig(max_new_tokens=5))
+    real = engine.verifier.forward
 
-    def boom():
+    def interrupted(*args, **kw):  # the cache took the new entries, then the forward failed
+        real(*args, **kw)
         raise RuntimeError("interrupted")
 
+    engine.verifier.forward = interrupted
     with pytest.raises(RuntimeError):
-        engine.generate(prompt + [1], GenerationConfig(max_new_tokens=5), should_stop=boom)
+        engine.generate(prompt + [1], GenerationConfig(max_new_tokens=5))
+    engine.verifier.forward = real
     res = engine.generate(prompt + [1], GenerationConfig(max_new_tokens=5))
     assert res.reused_tokens == 0 and res.tokens == plain_greedy(model, prompt + [1], 5)
+
+
+def test_an_exception_between_forwards_keeps_the_cache_exact():
+    model = tiny_model("qwen2", 6)
+    engine = Engine(model, eos_token_ids=[])
+    prompt = random_prompt(6, 20)
+
+    def boom():
+        raise RuntimeError("the caller failed between two forwards")
+
+    with pytest.raises(RuntimeError):
+        engine.generate(prompt, GenerationConfig(max_new_tokens=5), should_stop=boom)
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=5))
+    assert res.reused_tokens == len(prompt) and res.tokens == plain_greedy(model, prompt, 5)
 
 
 def test_sliding_window_model_stays_inside_its_window():

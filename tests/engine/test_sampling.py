@@ -13,6 +13,7 @@ import math
 import torch
 
 from rest_lsp.engine import Engine, GenerationConfig
+from rest_lsp.engine.sources import DraftSource
 from rest_lsp.engine.tree import accept_sampled, sampling_probs
 
 from ._models import plain_greedy, random_prompt, tiny_model
@@ -34,16 +35,17 @@ class TableVerifier:
             self._table[prefix] = torch.randn(self.vocab, generator=g) * self.scale
         return self._table[prefix]
 
-    def forward(self, tokens, depths, tree_mask):
+    def forward(self, tokens, depths, tree_mask, *, rows=None):
         toks, mask = tokens.tolist(), tree_mask.tolist()
-        rows = []
+        out = []
         for i in range(len(toks)):
             ancestors = [t for t, seen in zip(toks, mask[i]) if seen]
-            rows.append(self.logits(tuple(self.cache + ancestors)))
+            out.append(self.logits(tuple(self.cache + ancestors)))
         self.cache += toks
         self.past_len = len(self.cache)
         self._last_q = len(toks)
-        return torch.stack(rows)
+        logits = torch.stack(out)
+        return logits if rows is None else logits[list(rows)]
 
     def keep(self, indices):
         base = len(self.cache) - self._last_q
@@ -55,7 +57,7 @@ class TableVerifier:
         self.past_len = len(self.cache)
 
 
-class TopChoices:
+class TopChoices(DraftSource):
     """Drafts the model's likely tokens and an unlikely branch, so acceptance and rejection both happen."""
 
     name = "top"
@@ -73,8 +75,6 @@ class TopChoices:
             out.append((tuple(path[:max_len]), 1.0 / (rank + 1)))
         return out
 
-    def observe(self, tokens):
-        pass
 
 
 def exact_distribution(next_logits, prompt, vocab, horizon, temperature, top_p):

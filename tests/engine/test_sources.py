@@ -67,7 +67,7 @@ class FakeDatastore:
         self.corpus = corpus
         self.calls = []
 
-    def search(self, context, *, n_max=16, n_min=2, k=5000, max_len=10):
+    def search(self, context, *, n_max=16, n_min=2, k=5000, max_len=10, limit=None):
         self.calls.append((n_max, n_min, k, max_len))
         text = np.array(self.corpus)
         for n in range(min(n_max, len(context)), n_min - 1, -1):
@@ -157,14 +157,20 @@ def test_recycling_source_keys_rows_by_the_tokens_before_them():
     assert list(small.table) == [(2,), (3,)]  # the oldest key went first
 
 
-def test_default_sources_mix_everything_given():
-    from rest_lsp.engine import default_sources
+def test_the_rest_policy_mixes_every_source_given():
+    from rest_lsp.engine import make_sources
+    from rest_lsp.engine.policy import SHARES, shares
 
-    names = [s.name for s, _ in default_sources(FakeDatastore([1, 2, 3]))]
-    assert names == ["context", "history", "corpus", "recycle"]
-    assert [s.name for s, _ in default_sources(recycle=False)] == ["context", "history"]
-    shares = dict((s.name, w) for s, w in default_sources(shares={"history": 0.0}))
-    assert "history" not in shares and shares["context"] == 0.5
+    names = [s.name for s, _ in make_sources("rest", repository=FakeDatastore([4, 5]), corpus=FakeDatastore([1, 2, 3]))]
+    assert names == ["context", "history", "repository", "corpus", "recycle"]
+    assert [s.name for s, _ in make_sources("rest")] == ["context", "history", "recycle"]  # no datastores
+    assert [s.name for s, _ in make_sources("context=1,recycle=0.5")] == ["context", "recycle"]
+    # normalised over the sources present, keeping their ratios
+    got = shares(make_sources("rest"))
+    assert abs(sum(got.values()) - 1) < 1e-3
+    assert abs(got["context"] / got["history"] - SHARES["context"] / SHARES["history"]) < 1e-3
+    with pytest.raises(ValueError, match="repository"):
+        make_sources("repository=1", strict=True)
 
 
 def test_real_indexer_datastore_drafts():
@@ -176,7 +182,6 @@ def test_real_indexer_datastore_drafts():
     store = Datastore.memory(vocab_size=64)
     store.set_live("buffer", random_prompt(32, 40) + base + ref + random_prompt(33, 40))
     source = DatastoreSource(store)
-    assert source._limit  # the store's search(limit=) is used
     res = Engine(model, [(source, 1.0)], eos_token_ids=[]).generate(
         base, GenerationConfig(max_new_tokens=30, draft_budget=8))
     assert res.tokens == ref[:30]

@@ -1,0 +1,120 @@
+"""The drafter: from the context to the draft tree one step verifies, and what it learns from each step.
+
+    trie  = the sources' continuations of the context, each source normalised and scaled by its share
+    est   = each node's chance of acceptance (the acceptance model, learned online)
+    order = the best nodes by est, cut where c(q) makes another node a loss (automatic budget)
+    tree  = root (the pending token) + order, parents first
+
+The engine drives it during decoding; `rest-lsp replay` drives the same object over recorded outputs without a
+model, so the replay's steps are the engine's steps.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .acceptance import DEFAULT_LR, AcceptanceModel
+from .cost import Calibration, CostModel, best_size
+from .sources import DraftSource
+from .tree import DraftTree, flatten, rank_nodes
+from .trie import TokenTrie, match_strength, mix
+
+
+class Drafter:
+    """Draft trees from weighted sources. `vocab_size`: drafted tokens at or above it are cut off (a
+    datastore of another tokenizer must never feed the model ids it does not have)."""
+
+    def __init__(self, sources: Sequence[tuple[DraftSource, float]] = (), *, max_draft_nodes: int = 64,
+                 draft_len: int = 10, acceptance_lr: float = DEFAULT_LR, vocab_size: int | None = None):
+        total = sum(share for _, share in sources if share > 0) or 1.0
+        self.sources: list[tuple[DraftSource, float]] = [(s, share / total) for s, share in sources if share > 0]
+        self.max_draft_nodes = max_draft_nodes
+        self.draft_len = draft_len
+        self.vocab_size = vocab_size
+        self.calibration = Calibration()  # how far the estimates are off, across generations
+        self.acceptance = AcceptanceModel(lr=acceptance_lr)  # which nodes get accepted, across generations
+        self.topk = max((s.topk for s, _ in self.sources), default=0)
+        self.last_trie: TokenTrie | None = None  # the full trie of the last draft (replay's coverage)
+
+    def __bool__(self) -> bool:
+        return bool(self.sources)
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def draft(self, context: Sequence[int], budget: int | None, cost: CostModel | None = None) -> DraftTree:
+        """The tree after `context` (its last token decided, not yet verified). budget: draft nodes, or None
+        to choose per step from c(q) (`cost`)."""
+        limit = self.max_draft_nodes if budget is None else budget
+        if not self.sources or limit <= 0:
+            return DraftTree.single(context[-1])
+        trie = self.trie(context)
+        est = self.acceptance.estimate(trie)  # [N] each node's chance of acceptance
+        order = rank_nodes(trie, limit, est)
+        if budget is None:
+            if cost is None:
+                raise ValueError("an automatic draft budget needs the verification cost c(q)")
+            scale = self.calibration.scale()
+            order = order[: best_size([min(1.0, est[n] * scale) for n in order], cost)]
+        return flatten(trie, order, est)
+
+    def trie(self, context: Sequence[int]) -> TokenTrie:
+        """Every source's continuations of the context, mixed by share into one trie."""
+        proposals = []
+        for source, share in self.sources:
+            conts = source.propose(context, self.draft_len)
+            if self.vocab_size is not None:
+                conts = _within_vocab(conts, self.vocab_size)
+            proposals.append((source.name, share, match_strength(source.last_match_len), conts))
+        self.last_trie = mix(context[-1], proposals)
+        return self.last_trie
+
+    def covered(self, truth: Sequence[int]) -> int:
+        """How many tokens of the true continuation the last draft's full trie holds: what the step would
+        accept had the ranking picked the right path (the sources' ceiling, not the policy's)."""
+        trie, node, n = self.last_trie, 0, 0
+        if trie is None:
+            return 0
+        while n < len(truth) and (node := trie.children[node].get(truth[n], -1)) >= 0:
+            n += 1
+        return n
+
+    # ---- learning from the output -------------------------------------------------------------------
+    def begin(self, context: Sequence[int]) -> None:
+        """A generation starts (or resumes after another one used the drafter) after `context`."""
+        for source, _ in self.sources:
+            source.begin(context)
+        self.acceptance.begin()
+
+    def record(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """A step's outcome: the calibration compares its estimate with the accepted length."""
+        self.calibration.update(sum(tree.probs[1:]), len(path) - 1)
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Tokens appended to the output."""
+        for source, _ in self.sources:
+            source.observe(tokens)
+        self.acceptance.observe(tokens)
+
+    def observe_forward(self, tree: DraftTree, logits: torch.Tensor) -> None:
+        """The verified rows' logits [q, V]: their top-k feed the sources that recycle the model's guesses."""
+        if self.topk:
+            topk = logits.topk(self.topk, dim=-1).indices.tolist()  # [q, k]
+            for source, _ in self.sources:
+                if source.topk:
+                    source.observe_forward(tree.tokens, topk, tree.parents)
+
+    def finish(self) -> None:
+        """The generation ended (or was set aside): learn from what its output decided."""
+        self.acceptance.finish()
+
+
+def _within_vocab(conts: list[tuple[tuple[int, ...], float]], vocab: int) -> list[tuple[tuple[int, ...], float]]:
+    """Continuations cut before their first id outside [0, vocab) (dropped when nothing is left)."""
+    if not conts or max(max(t, default=0) for t, _ in conts) < vocab and min(min(t, default=0) for t, _ in conts) >= 0:
+        return conts
+    out = []
+    for tokens, w in conts:
+        bad = next((i for i, t in enumerate(tokens) if not 0 <= t < vocab), len(tokens))
+        if bad:
+            out.append((tuple(tokens[:bad]), w))
+    return out

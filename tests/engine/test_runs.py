@@ -1,0 +1,145 @@
+"""Runs advanced one forward at a time: warm-ups, interleaving, the pool of KV states, exactness throughout."""
+import pytest
+
+from rest_lsp.engine import ContextSource, Engine, GenerationConfig
+from rest_lsp.engine.drafter import Drafter
+from rest_lsp.engine.kvpool import KVPool, common_prefix
+
+from ._models import ScriptedSource, plain_greedy, random_prompt, tiny_model
+
+N = 12
+MB = 1 << 20
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "packed"])
+def test_a_warm_up_leaves_nothing_to_compute_for_the_same_prompt(fast):
+    model = tiny_model("qwen2", 1)
+    verifier = None
+    if fast:
+        from rest_lsp.model.fast import make_verifier
+
+        verifier = make_verifier(model, "packed", max_len=512)
+    engine = Engine(model, [(ContextSource(), 1.0)], verifier=verifier, eos_token_ids=[])
+    prompt = random_prompt(1, 90)
+    warm = engine.start(prompt, GenerationConfig(max_new_tokens=0), chunk=32)
+    forwards = 0
+    while not warm.done:
+        engine.advance(warm)
+        forwards += 1
+    assert forwards == 3 and warm.result.tokens == [] and engine.cached_tokens == 90  # 32 + 32 + 26
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4))
+    assert res.reused_tokens == 90  # the warm-up kept the last token's logits: no forward before decoding
+    assert res.tokens == plain_greedy(model, prompt, N)
+    # typing on: a longer prompt reuses the whole earlier one
+    longer = prompt + [3, 4]
+    res = engine.generate(longer, GenerationConfig(max_new_tokens=N, draft_budget=4))
+    assert res.reused_tokens == 90 and res.tokens == plain_greedy(model, longer, N)
+
+
+def test_interleaved_runs_of_two_documents_are_each_exact():
+    """A run set aside for another document's run resumes from its pooled state, with no recomputation."""
+    model = tiny_model("qwen2", 2)
+    engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[], kv_pool_bytes=64 * MB)
+    a, b = random_prompt(21, 60), random_prompt(22, 70)
+    cfg = GenerationConfig(max_new_tokens=N, draft_budget=4)
+    ra, rb = engine.start(a, cfg, key="a"), engine.start(b, cfg, key="b")
+    forwards = 0
+    while not (ra.done and rb.done):
+        for run in (ra, rb):
+            if not run.done:
+                engine.advance(run)
+                forwards += 1
+    assert ra.result.tokens == plain_greedy(model, a, N)
+    assert rb.result.tokens == plain_greedy(model, b, N)
+    # every forward decided tokens: switching documents brought each state back whole
+    assert forwards == ra.result.steps + rb.result.steps
+    assert engine.pool.hits >= ra.result.steps + rb.result.steps - 3
+
+
+def test_without_a_pool_an_interleaved_run_recomputes_its_context_and_stays_exact():
+    model = tiny_model("qwen2", 2)
+    engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[])  # no pool: states are lost
+    a, b = random_prompt(23, 40), random_prompt(24, 40)
+    cfg = GenerationConfig(max_new_tokens=N, draft_budget=4)
+    ra, rb = engine.start(a, cfg, key="a"), engine.start(b, cfg, key="b")
+    while not (ra.done and rb.done):
+        for run in (ra, rb):
+            if not run.done:
+                engine.advance(run)
+    assert ra.result.tokens == plain_greedy(model, a, N) and rb.result.tokens == plain_greedy(model, b, N)
+
+
+def test_the_pool_brings_back_a_document_after_another_took_the_cache():
+    model = tiny_model("qwen2", 3)
+    engine = Engine(model, eos_token_ids=[], kv_pool_bytes=64 * MB)
+    a, b = random_prompt(31, 120), random_prompt(32, 100)
+    cfg = GenerationConfig(max_new_tokens=4)
+    engine.generate(a, cfg, key="a")
+    engine.generate(b, cfg, key="b")
+    res = engine.generate(a + [7], cfg, key="a")
+    assert res.reused_tokens == 120 and res.tokens == plain_greedy(model, a + [7], 4)
+    snap = engine.pool.snapshot()
+    assert snap["states"] == 1 and 0 < snap["bytes"] <= snap["budget_bytes"]  # b's state waits there now
+
+
+def test_a_deletion_rolls_the_cache_back_to_the_common_prefix():
+    model = tiny_model("llama", 4)
+    engine = Engine(model, eos_token_ids=[], kv_pool_bytes=64 * MB)
+    prompt = random_prompt(41, 80)
+    engine.generate(prompt, GenerationConfig(max_new_tokens=4), key="doc")
+    edited = prompt[:50] + prompt[53:]  # three tokens deleted in the middle
+    res = engine.generate(edited, GenerationConfig(max_new_tokens=6), key="doc")
+    assert res.reused_tokens == 50 and res.tokens == plain_greedy(model, edited, 6)
+
+
+def test_the_pool_keeps_within_its_budget_least_recently_used_first():
+    model = tiny_model("qwen2", 5)
+    probe = Engine(model, eos_token_ids=[], kv_pool_bytes=64 * MB)
+    probe.generate(random_prompt(50, 100), GenerationConfig(max_new_tokens=1), key="x")
+    one = probe.verifier.export_state().nbytes  # the size of one 100-token state
+    engine = Engine(model, eos_token_ids=[], kv_pool_bytes=int(2.5 * one))
+    prompts = [random_prompt(51 + i, 100) for i in range(4)]
+    for i, p in enumerate(prompts):
+        engine.generate(p, GenerationConfig(max_new_tokens=1), key=f"d{i}")
+    assert len(engine.pool) == 2 and engine.pool.nbytes <= engine.pool.budget_bytes
+    assert engine.pool.evicted == 1
+    # d1 and d2 are pooled (d3 is in the verifier, d0 went first): d0 comes back from nothing
+    assert engine.generate(prompts[0], GenerationConfig(max_new_tokens=1), key="d0").reused_tokens == 0
+    assert engine.generate(prompts[2], GenerationConfig(max_new_tokens=1), key="d2").reused_tokens >= 99
+
+
+def test_pool_put_replaces_a_state_it_extends_and_take_removes():
+    pool = KVPool(1 << 30)
+    from rest_lsp.engine.verifier import KVState
+
+    st = KVState(3, 10, None)
+    pool.put("doc", [1, 2, 3], st, None)
+    pool.put("doc", [1, 2, 3, 4, 5], KVState(5, 10, None), None)
+    pool.put("other", [1, 2], KVState(2, 10, None), None)
+    assert len(pool) == 2
+    entry, n = pool.take([1, 2, 3, 4, 9])
+    assert entry.key == "doc" and n == 4 and len(pool) == 1
+    assert pool.take([1, 2], better_than=2) is None
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_the_drafter_never_proposes_ids_outside_the_vocabulary():
+    drafter = Drafter([(ScriptedSource([0, 1, 2, 3, 70, 5]), 1.0)], vocab_size=64)
+    tree = drafter.draft([0, 1], budget=8)
+    assert tree.tokens == [1, 2, 3]  # cut before 70
+    drafter = Drafter([(ScriptedSource([0, 1, 99, 5]), 1.0)], vocab_size=64)
+    assert drafter.draft([0, 1], budget=8).tokens == [1]
+
+
+def test_a_stopped_run_returns_what_it_decided():
+    model = tiny_model("qwen2", 6)
+    engine = Engine(model, eos_token_ids=[])
+    prompt = random_prompt(61, 30)
+    run = engine.start(prompt, GenerationConfig(max_new_tokens=N))
+    while len(run.out) < 4:
+        engine.advance(run)
+    engine.stop(run, "superseded")
+    assert run.done and run.result.stop_reason == "superseded"
+    assert run.result.tokens == plain_greedy(model, prompt, N)[: len(run.result.tokens)]
+    assert len(run.result.tokens) == len(run.out) >= 4  # every decided token, the pending one too
+    assert engine.advance(run) == []
