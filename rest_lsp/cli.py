@@ -28,7 +28,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> dict:
     keys = ("model", "device", "precision", "corpus", "cache_dir", "max_tokens", "max_lines",
             "time_budget_ms", "draft_budget")
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "where", None) is not None:  # the one-shot completion waits for its whole answer
+        out.update(prompt_budget_ms=0, predict_budget_ms=0, warm_up=False, predict_ahead=False)
+    return out
 
 
 def serve(argv: list[str]) -> int:
@@ -116,8 +119,8 @@ def _human(r: dict) -> str:
     apt = f"{f['accepted_per_step']:.2f}" if f.get("accepted_per_step") else "-"
     out.append(f"{r['path']}:{r['line']}:{r['column']} ({r['mode']}-line) · model {r['model']} · "
                f"{f['tokens']} tokens in {f['steps']} model steps ({apt} accepted per step) · "
-               f"{f['time_ms']:.0f} ms (prefill {f['prefill_ms']:.0f} ms, retrieval {f['retrieval_ms']:.0f} ms, "
-               f"forward {f['forward_ms']:.0f} ms) · stop: {f['stop_reason']}")
+               f"{f['decode_ms']:.0f} ms (prefill {f['prefill_ms']:.0f} ms, retrieval {f['retrieval_ms']:.0f} ms, "
+               f"forward {f['forward_ms']:.0f} ms; answered in {f['time_ms']:.0f} ms) · stop: {f['stop_reason']}")
     if r.get("workspace"):
         w = r["workspace"]
         out.append(f"workspace {w['folder']}: {w.get('state')} ({w.get('detail', '')})")

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 STATS = "rest/stats"
 DRAFTS = "rest/drafts"
+CURSOR = "rest/cursor"   # notification from our editor clients: where the cursor rests ({textDocument, position})
 REBUILD_INDEX = "rest-lsp.rebuildIndex"   # workspace/executeCommand: rebuild the workspace datastores
 MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model failed to load
 
@@ -94,6 +95,22 @@ def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
     from .service.prompt import line_offsets
     start, _ = line_offsets(text, line)
     return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
+
+
+def _edit_end(doc, changes) -> tuple[int, int] | None:
+    """Where the cursor is after an edit: the end of the last change's inserted text (None for a whole-text
+    change, which says nothing about the cursor)."""
+    if not changes or getattr(changes[-1], "range", None) is None:
+        return None
+    change = changes[-1]
+    start, text = change.range.start, change.text
+    lines = text.split("\n")
+    codec = doc.position_codec
+    if len(lines) == 1:
+        end = types.Position(start.line, start.character + codec.client_num_units(text))
+    else:
+        end = types.Position(start.line + len(lines) - 1, codec.client_num_units(lines[-1]))
+    return _to_columns(doc, end)
 
 
 def _as_dict(params: Any) -> dict:
@@ -171,9 +188,25 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: RestLanguageServer, params: types.DidChangeTextDocumentParams):
+        uri = params.text_document.uri
+        doc = ls.workspace.get_text_document(uri)
         if ls.indexing is not None:
-            uri = params.text_document.uri
             ls.indexing.buffer_changed(uri, lambda: ls.workspace.get_text_document(uri).source)
+        at = _edit_end(doc, params.content_changes)
+        svc.document_changed(uri, doc.source, *(at or (None, None)), language=doc.language_id)
+
+    @server.feature(CURSOR)
+    def cursor(ls: RestLanguageServer, params: Any):
+        """Our clients say where the cursor rests: the KV cache is warmed there before the next request."""
+        params = _as_dict(params)
+        uri = _as_dict(params.get("textDocument")).get("uri")
+        pos = _as_dict(params.get("position"))
+        if not isinstance(uri, str) or uri not in ls.workspace.text_documents or \
+                not all(isinstance(pos.get(k), int) and pos.get(k) >= 0 for k in ("line", "character")):
+            return  # a notification gets no error reply: a bad one is ignored
+        doc = ls.workspace.get_text_document(uri)
+        line, col = _to_columns(doc, types.Position(pos["line"], pos["character"]))
+        svc.cursor_rested(uri, doc.source, line, col, language=doc.language_id)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: RestLanguageServer, params: types.DidSaveTextDocumentParams):

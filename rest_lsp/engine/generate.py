@@ -36,6 +36,7 @@ from .sources import DraftSource
 from .stops import StopChecker
 from .tree import DraftTree, accept_greedy, accept_sampled, sampling_probs
 from .verifier import HFVerifier, Verifier, chain_mask
+from .vocab import VocabIndex
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class GenerationConfig:
     temperature: float = 0.0  # 0: greedy (exact)
     top_p: float = 1.0
     seed: int | None = None
+    forced_text: str = ""  # the output starts with this text (token healing: rest_lsp/engine/vocab.py); until it
+                           # is spelled out only tokens that agree with it are chosen, and nothing is drafted
 
 
 @dataclass
@@ -90,9 +93,11 @@ class Run:
     stops: StopChecker
     rng: torch.Generator | None
     chunk: int = PREFILL_CHUNK  # prompt tokens per prefill forward
+    forced: str = ""  # what of config.forced_text the output has still to spell out
     out: list[int] = field(default_factory=list)
     done: bool = False
     forwards: int = 0  # model forwards spent on this run (prefill chunks included)
+    computed: int = 0  # prompt tokens its prefill forwards computed (the rest came from earlier work)
 
     @property
     def prefilled(self) -> bool:
@@ -155,7 +160,9 @@ class Engine:
         self._cached: list[int] = []  # tokens whose keys/values the verifier holds
         self._cached_key: str | None = None
         self._logits: torch.Tensor | None = None  # [V] after the last cached token, when a prefill computed it
+        self._scorer = None  # exact logits of given ids after the last cached token (with _logits)
         self._observing: Run | None = None  # the run whose output the drafter's sources are following
+        self._vocab: VocabIndex | None = None
         self._lock = threading.RLock()
 
     @property
@@ -187,7 +194,10 @@ class Engine:
         rng = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         result = GenerationResult([], "", "", 0, [], 0.0, 0.0, [], [], prompt_tokens=len(prompt))
         stops = StopChecker(config, self.tokenizer, self.eos_token_ids, time.perf_counter())
-        return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk))
+        if config.forced_text and self.tokenizer is None:
+            raise ValueError("forced_text needs a tokenizer")
+        return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk),
+                   forced=config.forced_text)
 
     def advance(self, run: Run) -> list[int]:
         """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
@@ -221,8 +231,9 @@ class Engine:
         run.result.prefill_s += time.perf_counter() - t0
         if logits is None:
             return []
-        first = self._pick(logits, run)  # [V] -> the first new token, pending
+        first = self._pick(logits, self._scorer, run)  # [V] -> the first new token, pending
         run.out = [first]
+        self._spell(run, [first])
         run.result.steps, run.result.accepted = 1, [1]
         if run.config.max_new_tokens > 0:
             self._follow(run, new=True)
@@ -241,18 +252,22 @@ class Engine:
                 return []  # (the step follows at once when one forward restored it: runs never starve)
         self._follow(run, new=False)
         t1 = time.perf_counter()
-        budget = run.config.draft_budget
+        budget = 0 if run.forced else run.config.draft_budget  # a constrained token is never drafted
         cost = self.cost_model() if budget is None and self.drafter else None
         tree = self.drafter.draft(context + run.out[-1:], budget, cost)
         t2 = time.perf_counter()
         logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
-        path, nxt = self._accept(tree, logits, run)
+        if run.forced:
+            path, nxt = [0], self._pick(logits[0], self.verifier.row_scorer(0), run)
+        else:
+            path, nxt = self._accept(tree, logits, run)
+        self._spell(run, [nxt])
         self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
         t3 = time.perf_counter()
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
         run.out += new
         run.forwards += 1
-        self._cached, self._logits = run.prompt + run.out[:-1], None
+        self._cached, self._logits, self._scorer = run.prompt + run.out[:-1], None, None
         self._record(run.result, tree, path, (t2 - t1) * 1000, (t3 - t2) * 1000)
         self.drafter.record(tree, path)
         self.drafter.observe_forward(tree, logits)
@@ -291,7 +306,8 @@ class Engine:
                                     torch.arange(q, device=device), chain_mask(q, device),
                                     rows=[q - 1])  # only the last row's logits are used
         run.forwards += 1
-        self._cached, self._logits = tokens[:hi], out[-1]
+        run.computed += q
+        self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)
         return self._logits if hi == len(tokens) else None
 
     def _activate(self, tokens: Sequence[int], key: str | None) -> int:
@@ -304,7 +320,7 @@ class Engine:
                 self._save_active()
                 entry, n = found
                 self.verifier.import_state(entry.state)
-                self._cached, self._logits = [int(t) for t in entry.tokens], entry.logits
+                self._cached, self._logits, self._scorer = [int(t) for t in entry.tokens], entry.logits, entry.scorer
             elif lost > SAVE_BIG_TOKENS or (lost > SAVE_MIN_TOKENS and key != self._cached_key):
                 self._save_active()  # about to be cut back for another document or place: keep a copy
         self._cached_key = key
@@ -313,18 +329,18 @@ class Engine:
 
     def _save_active(self) -> None:
         if self._cached and self.pool.budget_bytes:
-            self.pool.put(self._cached_key, self._cached, self.verifier.export_state(), self._logits)
+            self.pool.put(self._cached_key, self._cached, self.verifier.export_state(), self._logits, self._scorer)
 
     def _truncate(self, n: int) -> None:
         if n < len(self._cached):
             self.verifier.truncate(n)
             self._cached = self._cached[:n]
-            self._logits = None
+            self._logits = self._scorer = None
 
     def reset_cache(self) -> None:
         """Forget every KV state (the next prompt is computed from its start)."""
         with self._lock:
-            self._cached, self._logits = [], None
+            self._cached, self._logits, self._scorer = [], None, None
             self.pool.clear()
             try:
                 self.verifier.truncate(0)
@@ -377,13 +393,36 @@ class Engine:
             return accept_greedy(tree, logits.argmax(dim=-1).tolist())
         return accept_sampled(tree, lambda i: sampling_probs(logits[i], cfg.temperature, cfg.top_p), run.rng)
 
-    def _pick(self, logits: torch.Tensor, run: Run) -> int:
-        """The next token from one row of logits [V]."""
+    def _pick(self, logits: torch.Tensor, scorer, run: Run) -> int:
+        """The next token from one row of logits [V] (only tokens that agree with what is left of the forced
+        text, while some is: scored exactly by `scorer`, a Verifier.row_scorer)."""
         cfg = run.config
+        if run.forced:
+            ids = self.vocab.agreeing(run.forced)
+            if len(ids):
+                scores = scorer(ids)  # exact logits of the agreeing tokens
+                if cfg.temperature <= 0:
+                    return int(ids[int(scores.argmax())])
+                probs = sampling_probs(scores, cfg.temperature, cfg.top_p)
+                return int(ids[int(torch.multinomial(probs.double(), 1, generator=run.rng))])
+            run.forced = ""  # no token agrees: the output will not start with the text (the caller sees it)
         if cfg.temperature <= 0:
             return int(logits.argmax())
         probs = sampling_probs(logits, cfg.temperature, cfg.top_p)
         return int(torch.multinomial(probs.double(), 1, generator=run.rng))
+
+    def _spell(self, run: Run, tokens: list[int]) -> None:
+        for t in tokens:
+            if not run.forced:
+                return
+            run.forced = VocabIndex.left_after(run.forced, self.vocab.texts[t])
+
+    @property
+    def vocab(self) -> VocabIndex:
+        """The vocabulary's token strings (built on first use: about a second for 150k tokens)."""
+        if self._vocab is None:
+            self._vocab = VocabIndex(self.tokenizer, self.vocab_size)
+        return self._vocab
 
     def _record(self, res: GenerationResult, tree: DraftTree, path: list[int], retrieval_ms: float,
                 forward_ms: float) -> None:
@@ -410,7 +449,7 @@ class Engine:
         key = cost_key(self.name, self.precision, str(self.verifier_device), self.verifier)
         self._save_active()
         self.cost = load_or_measure(self.verifier, self.vocab_size, key, force=force, **measure_kw)
-        self._cached, self._logits = [], None  # measuring used the cache
+        self._cached, self._logits, self._scorer = [], None, None  # measuring used the cache
         self.verifier.truncate(0)
         return self.cost
 

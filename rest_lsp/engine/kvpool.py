@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ class Entry:
     tokens: np.ndarray  # [n] int64: the tokens whose keys/values the state holds
     state: KVState
     logits: torch.Tensor | None  # [V] after the last token, when known (a prompt needs no forward then)
+    scorer: Callable[[torch.Tensor], torch.Tensor] | None = None  # exact logits of given ids (with logits)
     used: int = field(default=0)
 
     @property
@@ -57,13 +58,14 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self._entries)
 
-    def put(self, key: str | None, tokens: Sequence[int], state: KVState, logits: torch.Tensor | None) -> None:
+    def put(self, key: str | None, tokens: Sequence[int], state: KVState, logits: torch.Tensor | None,
+            scorer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """Keep a state (evicting the least recently used for room; one larger than the budget is not kept)."""
         arr = np.asarray(tokens, dtype=np.int64)
         # an older state of the same key whose tokens this one extends holds nothing this one lacks
         self._entries = [e for e in self._entries
                          if not (e.key == key and len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens))]
-        entry = Entry(key, arr, state, logits, next(self._clock))
+        entry = Entry(key, arr, state, logits, scorer, next(self._clock))
         if entry.nbytes > self.budget_bytes or len(arr) == 0:
             return
         self._entries.append(entry)

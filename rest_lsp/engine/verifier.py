@@ -6,7 +6,7 @@ static cache: rest_lsp/model/fast.py) can replace `HFVerifier` without touching 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -40,6 +40,12 @@ class Verifier(Protocol):
 
     def keep(self, indices: Sequence[int]) -> None:
         """Keep only these of the last forward's q entries (the accepted path, in order); drop the rest."""
+        ...
+
+    def row_scorer(self, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """For row `row` of the last forward's returned logits: a function from token ids [n] to their exact
+        logits [n], valid after later forwards too (a verifier may return approximate values for tokens that
+        cannot be the argmax: rest_lsp/model/fast.py)."""
         ...
 
     def truncate(self, n: int) -> None:
@@ -119,7 +125,12 @@ class HFVerifier:
         )
         self.past_len = past + q
         self._last_q = q
-        return out.logits[0].float()  # [q, V]
+        self._last_logits = out.logits[0].float()  # [q, V]
+        return self._last_logits
+
+    def row_scorer(self, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        logits = self._last_logits[row]
+        return lambda ids: logits[ids.to(logits.device)]
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int]) -> None:

@@ -289,6 +289,8 @@ class FastVerifier:
         self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
         self.kind = "compiled" if compiled else ("packed" if self.exact_logits else "screened")
         self.cache = self.lm.new_cache()
+        self._last_hidden: torch.Tensor | None = None
+        self._last_logits: torch.Tensor | None = None
         self.vocab_size = self.lm.vocab_size
         self.device = torch.device("cpu")
         self.dtype = self.lm.dtype
@@ -318,6 +320,7 @@ class FastVerifier:
         bucket = next((b for b in self.buckets if b >= q), None)
         if bucket is not None and rows is None and past + bucket <= self.max_len:
             logits = self._compiled_forward(bucket, tokens, positions, tree_mask.to(torch.bool))
+            self._last_hidden = None  # the compiled forward's head is exact (not screened)
         else:
             slots = torch.arange(past, past + q)
             mask = torch.ones(q, past + q, dtype=torch.bool)
@@ -326,9 +329,21 @@ class FastVerifier:
             if rows is not None:
                 h = h[torch.as_tensor(list(rows), dtype=torch.long)]
             logits = self.lm.head(h).float()
+            self._last_hidden = h
         self.past_len = past + q
         self._last_q = q
+        self._last_logits = logits
         return logits
+
+    def row_scorer(self, row: int):
+        head = self.lm.head
+        if isinstance(head, ScreenedHead) and self._last_hidden is not None:
+            # the screened values are bf16 approximations off the argmax: recompute these exactly, as the
+            # screen does for its candidates
+            x = self._last_hidden[row].float()[None]  # [1, D]
+            return lambda ids: (x * head.weight[ids]).sum(-1)
+        logits = self._last_logits[row]
+        return lambda ids: logits[ids]
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int]) -> None:

@@ -17,16 +17,20 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from rest_lsp.filenames import safe_filename
 
 from .config import ServerConfig, prompt_windows
-from .core import Attempt
 from .datastores import DatastoreSet
+from .layout import PromptParts, prompt_parts, resolve_layout, strip_lead
 from .prompt import CompletionContext, block_end_cut
 
 if TYPE_CHECKING:  # the engine (and torch) load with the model, not with the server
+    from rest_lsp.engine.generate import Run
     from rest_lsp.engine.history import HistoryFile
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the daemon closes)
+# Prompt tokens per forward when warming the cache: a completion that arrives meanwhile waits at most one such
+# chunk (about 0.2-0.3 s for the embedded model on 2 cores), at a small loss of throughput against 256.
+WARM_CHUNK = 64
 
 
 def history_path(cache_dir: Path, model_key: str) -> Path:
@@ -38,7 +42,7 @@ class EngineBackend:
     """Implements rest_lsp.service.core.Backend with rest_lsp.engine."""
 
     def __init__(self, loaded, repository: DatastoreSet, corpus_path: str | None = None,
-                 history_file: Path | None = None):
+                 history_file: Path | None = None, kv_pool_bytes: int = 0):
         from rest_lsp.engine.generate import Engine
         from rest_lsp.engine.history import HistoryFile, history_model_key
         from rest_lsp.engine.policy import make_sources
@@ -73,7 +77,8 @@ class EngineBackend:
         self.verifier_kind = verifier_kind(verifier)
         # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
         # plain run the same forward and share the reuse of the prompt's prefix
-        self.engine = Engine(loaded, sources, verifier=verifier)
+        self.engine = Engine(loaded, sources, verifier=verifier, kv_pool_bytes=kv_pool_bytes)
+        self.precision_choice: dict | None = None  # what `precision: auto` measured on this CPU
         self.config_seen: ServerConfig | None = None
 
     def warm_up(self) -> None:
@@ -81,7 +86,9 @@ class EngineBackend:
         calibration of the verification cost c(q) (cached on disk) and the first-call overheads."""
         from rest_lsp.engine.generate import GenerationConfig
 
-        self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
+        # a forced start builds the vocabulary's prefix index too (token healing, rest_lsp/engine/vocab.py)
+        self.engine.generate(self.encode("def main():\n   "), GenerationConfig(max_new_tokens=4, forced_text=" "))
+        self.engine.reset_cache()
 
     def _load_history(self, hf: HistoryFile) -> None:
         from rest_lsp.engine.history import HistoryError
@@ -123,10 +130,6 @@ class EngineBackend:
         """The daemon is closing (the inference thread has stopped): keep the history."""
         self.save_history()
 
-    def forget_kv_cache(self) -> None:
-        """Start the next generation from an empty KV cache (fair timing in `complete --compare`)."""
-        self.engine.reset_cache()
-
     def tokenizer_spec(self) -> str | None:
         """What the indexer needs to load the same tokenizer (a model dir; None for the embedded model)."""
         path = getattr(self.loaded, "path", None)
@@ -138,40 +141,98 @@ class EngineBackend:
     def decode(self, ids: Sequence[int]) -> str:
         return self.loaded.tokenizer.decode(list(ids))
 
-    def generate(self, ctx: CompletionContext, config: ServerConfig, *, time_budget_s: float | None,
-                 should_stop: Callable[[], bool], temperature: float = 0.0, seed: int | None = None,
-                 use_retrieval: bool = True) -> Attempt:
+    # -- runs (the service drives them one forward at a time on the inference thread) ----------------
+    def prompt_parts(self, ctx: CompletionContext, config: ServerConfig) -> PromptParts:
+        max_prefix, max_suffix = prompt_windows(config, self.loaded.device.type)
+        orders = tuple(getattr(self.loaded.fim, "orders", ("psm",)) or ("psm",))
+        return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix)
+
+    def prompt(self, ctx: CompletionContext, config: ServerConfig) -> list[int]:
+        """The prompt's token ids for the cursor of ctx, in the configured layout (rest_lsp/service/layout.py)."""
+        parts = self.prompt_parts(ctx, config)
+        return self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle,
+                                        max_new_tokens=config.max_tokens)
+
+    def start(self, key: str, ctx: CompletionContext, config: ServerConfig, *, purpose: str = "predict",
+              temperature: float = 0.0, seed: int | None = None) -> CompletionRun:
+        """purpose: "warm" computes the prompt only (in small chunks, so a completion pre-empts it soon);
+        "predict" decodes greedily past the cursor's line to the end of its block (what the next pauses show);
+        "sample" is the same at a temperature (an Invoked request's alternatives)."""
         from rest_lsp.engine.generate import GenerationConfig
 
         self.config_seen = config
-        max_prefix, max_suffix = prompt_windows(config, self.loaded.device.type)
-        prompt = self.loaded.build_prompt(ctx.prompt_prefix(max_prefix), ctx.prompt_suffix(max_suffix),
+        parts = self.prompt_parts(ctx, config)
+        prompt = self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle,
                                           max_new_tokens=config.max_tokens)
+        if purpose == "warm":
+            return CompletionRun(self.engine.start(prompt, GenerationConfig(max_new_tokens=0), key=key,
+                                                   chunk=WARM_CHUNK))
+        lines = 1 if ctx.infill_in_line() else config.max_lines
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
-            draft_budget=config.draft_budget if use_retrieval else 0,
-            time_budget_s=time_budget_s,
-            max_lines=config.max_lines if ctx.multiline else 1,
-            stop_text=ctx.stop_text() if ctx.multiline else None,
-            stop_fn=partial(block_end_cut, block_indent=ctx.block_indent()) if ctx.multiline else None,
-            temperature=temperature, seed=seed)
-        t0 = time.perf_counter()
-        r = self.engine.generate(prompt, gen, should_stop=should_stop)
-        wall = (time.perf_counter() - t0) * 1000
-        self.save_history(force=False)
-        return Attempt(text=r.text, stop_reason=r.stop_reason, tokens=len(r.tokens), steps=r.steps,
-                       accepted=list(r.accepted), retrieval_ms=float(sum(r.retrieval_ms)),
-                       forward_ms=float(sum(r.forward_ms)), prefill_ms=r.prefill_s * 1000,
-                       decode_ms=r.decode_s * 1000 if r.decode_s else wall)
+            draft_budget=config.draft_budget,
+            max_lines=lines,
+            stop_text=ctx.stop_text() if lines > 1 else None,
+            stop_fn=partial(block_end_cut, block_indent=ctx.ahead_indent()) if lines > 1 else None,
+            temperature=temperature, seed=seed, forced_text=parts.lead)
+        return CompletionRun(self.engine.start(prompt, gen, key=key), parts.lead)
+
+    def advance(self, run: CompletionRun) -> None:
+        self.engine.advance(run.run)
+
+    def stop(self, run: CompletionRun, reason: str) -> None:
+        if not run.done:
+            self.engine.stop(run.run, reason)
+        if run.run.config.max_new_tokens:
+            self.save_history(force=False)
+
+    def figures(self, crun: CompletionRun) -> dict:
+        run = crun.run
+        r = run.result
+        tokens = len(run.tokens)
+        return {"tokens": tokens, "steps": r.steps,
+                "accepted_per_step": round(tokens / r.steps, 3) if r.steps else None,
+                "prefill_ms": round(r.prefill_s * 1000, 2), "decode_ms": round(r.decode_s * 1000, 2),
+                "retrieval_ms": round(sum(r.retrieval_ms), 2), "forward_ms": round(sum(r.forward_ms), 2),
+                "stop_reason": r.stop_reason if run.done else None, "prompt_tokens": r.prompt_tokens,
+                "reused_tokens": r.reused_tokens, "computed_tokens": run.computed, "forwards": run.forwards,
+                "accepted_sources": dict(r.accepted_sources)}
+
+    def reset_kv_cache(self) -> None:
+        """Start the next run from an empty KV cache (fair timing in `complete --compare`)."""
+        self.engine.reset_cache()
 
     def describe(self) -> dict:
         lm = self.loaded
         return {"name": lm.name, "device": str(lm.device), "precision": lm.precision, "verifier": self.verifier_kind,
+                "layout": resolve_layout(self.config_seen.layout) if self.config_seen else None,
+                "precision_choice": self.precision_choice,
+                "kv_cache": self.engine.pool.snapshot() | {"active_tokens": self.engine.cached_tokens},
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
                 else self.corpus_error,
                 "history": {"file": str(self.history_file.path) if self.history_file else None,
                             "tokens": int((self.history.tokens() >= 0).sum()), "error": self.history_error}}
+
+
+class CompletionRun:
+    """An engine run as the service reads it: its output as text after the cursor (the indentation a prompt
+    left out taken off, rest_lsp/service/layout.py)."""
+
+    def __init__(self, run: Run, lead: str = ""):
+        self.run, self.lead = run, lead
+
+    @property
+    def done(self) -> bool:
+        return self.run.done
+
+    @property
+    def prefilled(self) -> bool:
+        return self.run.prefilled
+
+    @property
+    def text(self) -> str:
+        return strip_lead(self.run.text, self.lead)
 
 
 def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -> EngineBackend:
@@ -181,9 +242,17 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     from .workspace import default_cache_dir
 
     loaded = load_model(config.model, device=config.device, precision=config.precision)
+    precision_choice = None
+    if config.precision == "auto" and loaded.device.type == "cpu" and loaded.precision == "fp32":
+        from rest_lsp.model.precision import as_bf16, choose
+
+        choice, precision_choice = choose(loaded)  # measured once per model and CPU (cached)
+        if choice == "bf16":
+            loaded = as_bf16(loaded)
     cache = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
     history = history_path(cache, history_model_key(loaded)) if config.persist_history else None
     backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,
-                            history_file=history)
+                            history_file=history, kv_pool_bytes=config.kv_cache_mb << 20)
+    backend.precision_choice = precision_choice
     backend.warm_up()
     return backend

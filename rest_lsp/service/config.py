@@ -26,6 +26,14 @@ class ServerConfig:
     max_tokens: int = 64                # new tokens per completion
     max_lines: int = 8                  # lines of a multi-line completion
     time_budget_ms: int = 1500          # per request, 0: none; past it the text so far is returned, cut at a line
+    prompt_budget_ms: int = 1000        # an Automatic request whose prompt is not computed by then gets no
+                                        # suggestion (the prompt goes on computing for the next one); 0: none
+    predict_budget_ms: int = 200        # after the prompt, an Automatic request shows the complete lines or
+                                        # words decided by then; 0: wait for the first line (or time_budget_ms)
+    layout: str = "auto"                # prompt layout: auto | line | psm | spm (rest_lsp/service/layout.py)
+    warm_up: bool = True                # extend the KV cache at the cursor while the user types
+    predict_ahead: bool = True          # after a shown suggestion, predict as if it were accepted
+    kv_cache_mb: int = 256              # memory for the KV caches of other documents and places (0: one cache)
     languages: list[str] | None = None  # LSP languageIds served; None: all
     exclude: list[str] = field(default_factory=list)   # gitignore-style patterns not indexed (on top of
                                         # .gitignore, .git, node_modules, venvs, build output and secrets)
@@ -75,6 +83,8 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
         raise ValueError(f"{name}: expected a string, got {value!r}")
     if name == "precision" and value not in {"auto", "fp32", "int8", "bf16", "fp16"}:
         raise ValueError(f"precision: expected auto|fp32|int8|bf16|fp16, got {value!r}")
+    if name == "layout" and value not in {"auto", "line", "psm", "spm"}:
+        raise ValueError(f"layout: expected auto|line|psm|spm, got {value!r}")
     return value
 
 

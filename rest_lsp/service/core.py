@@ -1,11 +1,22 @@
-"""What the daemon does per request, without LSP plumbing.
+"""What the daemon does per request and per edit, without LSP plumbing.
 
     service = CompletionService(config, backend_factory)
-    service.start()                          # loads the model on the inference thread
+    service.start()                                   # loads the model on the inference thread
+    service.document_changed(uri, text, line, col)    # didOpen/didChange/rest/cursor: warm the KV cache there
     response = await service.complete(CompletionRequest(...))
 
-`backend_factory(config, repository) -> Backend` runs on the inference thread; a Backend turns (context, generation
-settings, should_stop) into a GenerationResult (rest_lsp/service/backend.py holds the real one).
+Latency first (docs/daemon.md):
+- a completion is answered from a prediction when its context continues one (the person typed what the model
+  said, or deleted back): no model call (`PredictionStore`);
+- otherwise a new prediction starts at once, pre-empting warm-ups; an Automatic request is answered with the
+  first line (or words) as soon as the prompt budget and predict budget allow, never empty for want of time
+  once a visible token is decided; the prediction keeps decoding in the background (up to the block's end) and
+  a finished prediction that was shown is followed by one as if its text were accepted;
+- while the person types, each edit extends the document's KV cache at the cursor at low priority, so the
+  next request has little prompt left to compute;
+- budgets start when the model can work (a request made while it loads is answered after the load).
+
+`backend_factory(config, repository) -> Backend` runs on the inference thread (rest_lsp/service/backend.py).
 """
 from __future__ import annotations
 
@@ -16,16 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .cache import CompletionCache
 from .config import MODEL_KEYS, ServerConfig, merge
 from .datastores import DatastoreSet
+from .prediction import Prediction, PredictionStore, View, answer
 from .prompt import CompletionContext, PositionError, Selected, build_context, shape_completion
 from .stats import Stats
-from .worker import InferenceWorker, Job, JobAborted, ModelUnavailable
+from .worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted, ModelUnavailable
 
 log = logging.getLogger(__name__)
 
-TIME_STOPS = frozenset({"time", "time_budget", "timeout", "budget"})
+SAMPLING_TEMPERATURE = 0.8  # the alternatives of an Invoked request
+POLL_S = 0.1  # how often a request waiting for the model to load looks again
 
 
 class ServiceError(Exception):
@@ -40,7 +52,7 @@ class ServiceError(Exception):
 class CompletionRequest:
     uri: str
     text: str
-    line: int                       # 0-based, code points
+    line: int  # 0-based, code points
     column: int
     automatic: bool = True
     selected: Selected | None = None
@@ -60,26 +72,28 @@ class CompletionResponse:
     record: dict = field(default_factory=dict)
 
 
-@dataclass
-class Attempt:
-    """One generation as the service sees it (GenerationResult's figures plus the settings used)."""
+class RunLike(Protocol):
+    """What the service reads of an engine run (rest_lsp.engine.Run)."""
+
+    done: bool
+    prefilled: bool
     text: str
-    stop_reason: str
-    tokens: int
-    steps: int
-    accepted: list[int]
-    retrieval_ms: float
-    forward_ms: float
-    prefill_ms: float
-    decode_ms: float
 
 
 class Backend(Protocol):
+    """The model behind the service (rest_lsp/service/backend.py); every call runs on the inference thread."""
+
     name: str
 
-    def generate(self, ctx: CompletionContext, config: ServerConfig, *, time_budget_s: float | None,
-                 should_stop: Callable[[], bool], temperature: float = 0.0, seed: int | None = None,
-                 use_retrieval: bool = True) -> Attempt: ...
+    def start(self, key: str, ctx: CompletionContext, config: ServerConfig, *, purpose: str = "predict",
+              temperature: float = 0.0, seed: int | None = None) -> RunLike: ...
+    # purpose: "predict" (greedy, drafts unless draft_budget is 0), "warm" (prompt only), "sample"
+
+    def advance(self, run: RunLike) -> None: ...
+
+    def stop(self, run: RunLike, reason: str) -> None: ...
+
+    def figures(self, run: RunLike) -> dict: ...
 
     def describe(self) -> dict: ...
 
@@ -100,10 +114,11 @@ class CompletionService:
         self._factory = backend_factory
         self._notify = notify or (lambda level, msg: None)
         self.worker: InferenceWorker[Backend] = InferenceWorker(self.config.queue_size)
-        self.cache = CompletionCache()
-        self.repository = DatastoreSet()    # workspace datastores; rest_lsp/service/workspace.py fills it
+        self.predictions = PredictionStore()
+        self.repository = DatastoreSet()  # workspace datastores; rest_lsp/service/workspace.py fills it
         self.stats = Stats()
-        self.on_model_ready: list[Callable[[Backend], None]] = []   # run on the inference thread
+        self.on_model_ready: list[Callable[[Backend], None]] = []  # run on the inference thread
+        self._waiters: dict[str, list[_Waiter]] = {}  # requests waiting for an answer, per document
         self._apply_log_path()
 
     # -- lifecycle and configuration --------------------------------------------------------------
@@ -127,7 +142,7 @@ class CompletionService:
                 callback(backend)
             return backend
 
-        self.cache.clear()
+        self._drop_predictions(self.predictions.clear(), "superseded")
         self.worker.load(load)
 
     def configure(self, settings: Any) -> tuple[set[str], list[str]]:
@@ -137,10 +152,10 @@ class CompletionService:
             self._notify("warning", f"configuration: {p}")
         self.config = new
         self.worker.queue_size = max(1, new.queue_size)
-        if changed & (MODEL_KEYS | {"corpus"}) and self.worker.state != "idle":   # idle: start() loads it
+        if changed & (MODEL_KEYS | {"corpus"}) and self.worker.state != "idle":  # idle: start() loads it
             self._load_model()
-        elif changed & {"max_tokens", "max_lines", "draft_budget", "max_prefix_chars", "max_suffix_chars"}:
-            self.cache.clear()
+        elif changed & {"max_tokens", "max_lines", "draft_budget", "max_prefix_chars", "max_suffix_chars", "layout"}:
+            self._drop_predictions(self.predictions.clear(), "stale")
         if "request_log" in changed:
             self._apply_log_path()
         if changed:
@@ -157,6 +172,118 @@ class CompletionService:
         if stopped and backend is not None and hasattr(backend, "close"):
             backend.close()
 
+    # -- edits and the cursor: keep the KV cache warm where the person types ------------------------
+    def document_changed(self, uri: str, text: str, line: int | None, column: int | None,
+                         language: str | None = None) -> None:
+        """An edit (didOpen/didChange) with the cursor where it left it, or the cursor resting (rest/cursor).
+        Predictions the edit contradicts stop; unless a prediction still covers the cursor, the document's KV
+        cache is extended there at low priority. No position (a whole-text change): nothing to warm."""
+        if line is None or column is None or not self._serves(language, text):
+            return
+        try:
+            ctx = build_context(text, line, column)
+        except PositionError:
+            return
+        covered = False
+        for pred in self.predictions.of(uri):
+            v = pred.view(ctx)
+            if v.serves:
+                covered = True
+            elif pred.live:
+                self._stop_prediction(pred, "stale")  # what it predicts is no longer what comes next
+        if self.config.warm_up and not covered:
+            self._warm(uri, ctx)
+
+    def cursor_rested(self, uri: str, text: str, line: int, column: int, language: str | None = None) -> None:
+        self.stats.count("cursor_notifications")
+        self.document_changed(uri, text, line, column, language)
+
+    def document_closed(self, uri: str) -> None:
+        self._drop_predictions(self.predictions.forget(uri), "stale")
+        for job in self.worker.jobs(key=uri, kind="warm"):
+            self.worker.stop(job, "stale")
+
+    def _serves(self, language: str | None, text: str) -> bool:
+        langs = self.config.languages
+        return (langs is None or language in langs) and not looks_binary(text)
+
+    def _warm(self, uri: str, ctx: CompletionContext) -> None:
+        for job in self.worker.jobs(key=uri, kind="warm"):
+            self.worker.stop(job, "superseded")  # a running one stops after its chunk; what it computed stays
+        cfg = self.config
+        stats = self.stats
+
+        def warm(backend: Backend):
+            run = backend.start(uri, ctx, cfg, purpose="warm")
+            try:
+                while not run.done:
+                    backend.advance(run)
+                    yield
+            finally:
+                backend.stop(run, "stopped")
+                f = backend.figures(run)
+                stats.count("warm_tokens", f.get("computed_tokens", 0))
+                stats.count("warm_forwards", f.get("forwards", 0))
+
+        self.stats.count("warmups")
+        self.worker.submit(Job(uri, warm, kind="warm", priority=WARM))
+
+    # -- predictions ------------------------------------------------------------------------------
+    def _predict(self, uri: str, ctx: CompletionContext, *, origin: str, priority: int) -> Prediction:
+        pred = Prediction(uri, ctx, origin)
+        cfg = self.config
+        stats = self.stats
+
+        def predict(backend: Backend):
+            run = backend.start(uri, ctx, cfg, purpose="predict")
+            aborted = "stopped"
+            try:
+                while not run.done:
+                    backend.advance(run)
+                    pred.publish(run.text, run.prefilled, backend.figures(run))
+                    yield
+                aborted = None
+            finally:
+                backend.stop(run, aborted or "stopped")
+                f = backend.figures(run)
+                pred.publish(run.text, run.prefilled, f)
+                pred.finish(f.get("stop_reason") or "stopped", aborted=(pred.job.reason or aborted) if aborted else None)
+                stats.record_run(f, wasted=aborted is not None and pred.shown == 0)
+            if pred.shown:
+                self._predict_ahead(pred)
+
+        pred.job = job = Job(uri, predict, kind="predict", priority=priority)
+        # a job stopped before its first step never runs its `finally`: its waiters must still hear of it
+        job.future.add_done_callback(lambda f: pred.done or pred.finish("stopped", aborted=job.reason or "dropped"))
+        self._drop_predictions(self.predictions.add(pred), "dropped")
+        self.stats.count("predictions" if origin == "request" else "ahead_predictions")
+        self.worker.submit(pred.job)
+        return pred
+
+    def _predict_ahead(self, pred: Prediction) -> None:
+        """The continuation as if the shown suggestion were accepted (its text inserted at the cursor): once a
+        prediction has ended and been shown (called from both sides; the first call wins)."""
+        if not (self.config.predict_ahead and pred.done and not pred.aborted and pred.text.strip()) \
+                or not pred.claim_ahead():
+            return
+        text = pred.prefix + pred.text
+        line = text.count("\n")
+        column = len(text) - text.rfind("\n") - 1
+        try:
+            ctx = build_context(text + pred.suffix, line, column)
+        except PositionError:
+            return
+        if self.predictions.find(pred.uri, ctx) is None:
+            self._predict(pred.uri, ctx, origin="ahead", priority=AHEAD)
+
+    def _stop_prediction(self, pred: Prediction, reason: str) -> None:
+        if pred.job is not None and pred.live:
+            self.worker.stop(pred.job, reason)
+
+    def _drop_predictions(self, preds: list[Prediction], reason: str) -> None:
+        for pred in preds:
+            self._stop_prediction(pred, reason)
+
     # -- requests ---------------------------------------------------------------------------------
     async def complete(self, req: CompletionRequest) -> CompletionResponse:
         t0 = time.perf_counter()
@@ -170,10 +297,9 @@ class CompletionService:
             self.stats.record(rec)
             return CompletionResponse(items, rec)
 
-        cfg = self.config
-        if cfg.languages is not None and req.language not in cfg.languages:
-            return finish("skipped", [], reason=f"language {req.language!r} not in languages")
-        if looks_binary(req.text):
+        if not self._serves(req.language, req.text):
+            if self.config.languages is not None and req.language not in self.config.languages:
+                return finish("skipped", [], reason=f"language {req.language!r} not in languages")
             self._notify("info", f"{req.uri}: binary content, no completion")
             return finish("skipped", [], reason="binary content")
         try:
@@ -181,72 +307,146 @@ class CompletionService:
         except PositionError as exc:
             finish("error", [], reason=str(exc))
             raise ServiceError("invalid_params", str(exc)) from exc
+        if self.worker.state == "failed":
+            finish("error", [], reason=self.worker.error)
+            raise ServiceError("model_unavailable", f"the model is not available: {self.worker.error}")
         rec["mode"] = "multi" if ctx.multiline else "single"
-        end = (ctx.line, ctx.column)
 
-        cached = self.cache.get(req.uri, ctx.prefix, ctx.suffix)
-        if cached is not None:
-            self.worker.supersede(req.uri)      # a newer request wins over a running one
-            text = shape_completion(cached, ctx, max_lines=cfg.max_lines, truncated=False)
-            if text:
-                return finish("cache", [Item(ctx.lead + text, ctx.range_start, end)])
-
-        n_alt = 1 if req.automatic else max(1, cfg.alternatives)
-        budget_s = cfg.time_budget_ms / 1000.0 if cfg.time_budget_ms else None   # 0: no budget
-
-        def run(backend: Backend, should_stop: Callable[[], bool]) -> list[Attempt]:
-            attempts: list[Attempt] = []
-            for i in range(n_alt):
-                left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-                if i > 0 and ((left is not None and left <= 0.05) or should_stop()):
-                    break
-                # a request that waited in the queue still gets a fifth of the budget
-                attempts.append(backend.generate(
-                    ctx, cfg, time_budget_s=None if left is None else max(left, 0.2 * budget_s),
-                    should_stop=should_stop,
-                    temperature=0.0 if i == 0 else 0.8, seed=i, use_retrieval=cfg.draft_budget != 0))
-            return attempts
-
-        job = self.worker.submit(req.uri, run)
-        job.future.add_done_callback(lambda f: self._count_waste(job, f))
+        self._supersede_waiters(req.uri)  # a newer request wins over older ones still waiting (Neovim
+        # does not cancel them)
+        found = self.predictions.find(req.uri, ctx)
+        if found is None:
+            for pred in self.predictions.of(req.uri):
+                if pred.live:
+                    self._stop_prediction(pred, "superseded")
+            pred, source = self._predict(req.uri, ctx, origin="request", priority=INTERACTIVE), "new"
+        else:
+            pred, source = found[0], ("cache" if found[1].done else "in_flight")
+        rec["source"], rec["model_call"] = source, source == "new"
+        pred.waiting += 1
+        if pred.live:
+            self.worker.set_priority(pred.job, INTERACTIVE)
+        waiter = _Waiter()
+        self._waiters.setdefault(req.uri, []).append(waiter)
         try:
-            attempts = await asyncio.wrap_future(job.future)
+            text, why = await self._await_answer(pred, ctx, req.automatic, t0, waiter)
         except asyncio.CancelledError:
-            self.worker.cancel(job)
-            finish("cancelled", [])
+            finish("cancelled", [], source=source)
             raise
-        except JobAborted as exc:
-            return finish(exc.reason, [])
-        except ModelUnavailable as exc:
-            finish("error", [], reason=str(exc))
-            raise ServiceError("model_unavailable", str(exc)) from exc
-        if job.reason is not None:     # stopped while running: a newer request or a reload won
-            return finish(job.reason if job.reason != "cancelled" else "cancelled", [])
-        first = attempts[0]
-        rec.update(model_call=True, queue_ms=None, stop_reason=first.stop_reason,
-                   tokens=sum(a.tokens for a in attempts), steps=sum(a.steps for a in attempts),
-                   accepted_per_step=round(first.tokens / first.steps, 3) if first.steps else None,
-                   retrieval_ms=round(sum(a.retrieval_ms for a in attempts), 2),
-                   forward_ms=round(sum(a.forward_ms for a in attempts), 2),
-                   prefill_ms=round(first.prefill_ms, 2), decode_ms=round(first.decode_ms, 2), raw=first.text)
-        texts: list[str] = []
-        for a in attempts:
-            t = shape_completion(a.text, ctx, max_lines=cfg.max_lines, truncated=a.stop_reason in TIME_STOPS)
-            if t and t not in texts:
-                texts.append(t)
+        finally:
+            self._waiters[req.uri].remove(waiter)
+            if not self._waiters[req.uri]:
+                del self._waiters[req.uri]
+            pred.waiting -= 1
+            if pred.live and pred.waiting == 0:
+                self.worker.set_priority(pred.job, AHEAD)  # go on predicting, behind everything else
+        if why in ("superseded", "stale", "dropped"):
+            return finish("superseded" if why == "stale" else why, [])
+        if why == "unavailable":
+            finish("error", [], reason=self.worker.error)
+            raise ServiceError("model_unavailable", f"the model is not available: {self.worker.error}")
+        texts = [text] if text else []
+        if not req.automatic and self.config.alternatives > 1 and texts:
+            texts += await self._alternatives(req.uri, ctx, texts, t0)
         if texts:
-            self.cache.put(req.uri, ctx.prefix, ctx.suffix, texts[0])
-        items = [Item(ctx.lead + t, ctx.range_start, end) for t in texts]
-        return finish("completed" if items else "empty", items, chars=len(texts[0]) if texts else 0)
+            pred.shown += 1
+            self._predict_ahead(pred)
+        items = [Item(ctx.lead + t, ctx.range_start, (ctx.line, ctx.column)) for t in texts]
+        figures = dict(pred.figures) if source == "new" else {}
+        outcome = {"new": "completed", "in_flight": "reused", "cache": "cache"}[source] if items else "empty"
+        return finish(outcome, items, answer=why, chars=len(texts[0]) if texts else 0,
+                      raw=pred.text, prediction_age_ms=round((t0 - pred.created) * 1000, 1), **figures)
 
-    def _count_waste(self, job: Job, fut) -> None:
-        if job.reason is None or fut.cancelled() or fut.exception() is not None:
-            return
-        attempts = fut.result() or []
-        self.stats.record_waste(sum(a.tokens for a in attempts), sum(a.steps for a in attempts))
+    def _supersede_waiters(self, uri: str) -> None:
+        for waiter in self._waiters.get(uri, ()):
+            waiter.superseded = True
+            waiter.changed.set()
 
-    def document_closed(self, uri: str) -> None:
-        self.cache.forget(uri)
+    async def _await_answer(self, pred: Prediction, ctx: CompletionContext, automatic: bool,
+                            arrived: float, waiter: _Waiter) -> tuple[str, str]:
+        """(text to show, why now): "complete", "partial" (the predict budget ran out), "time", "prompt_budget",
+        "superseded" (a newer request for the document came), or why the prediction was stopped."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        changed = waiter.changed
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        pred.subscribe(wake)
+        try:
+            while True:
+                changed.clear()
+                if waiter.superseded:
+                    return "", "superseded"
+                now = time.perf_counter()
+                v = pred.view(ctx)
+                if v.aborted:  # a newer request or an edit made it moot
+                    return "", v.aborted
+                if v.status in ("diverged", "unrelated"):
+                    return "", "superseded"
+                if self.worker.state == "failed":
+                    return "", "unavailable"
+                ans = answer(v.rest, ctx, done=v.done, max_lines=cfg.max_lines, partial=False) \
+                    if v.status == "ready" else None
+                if ans is not None:
+                    return ans, "complete"
+                ready_at = self.worker.ready_at
+                if ready_at is None:  # the model is loading: budgets start once it can work
+                    await _wait(changed, POLL_S)
+                    continue
+                start = max(arrived, ready_at)
+                deadlines = [start + cfg.time_budget_ms / 1000] if cfg.time_budget_ms else []
+                if automatic and v.prefilled_at is None and cfg.prompt_budget_ms:
+                    if now >= start + cfg.prompt_budget_ms / 1000:
+                        return "", "prompt_budget"  # the prompt goes on computing: the next request gains
+                    deadlines.append(start + cfg.prompt_budget_ms / 1000)
+                if v.prefilled_at is not None and automatic and cfg.predict_budget_ms:
+                    at = max(start, v.prefilled_at) + cfg.predict_budget_ms / 1000
+                    if now >= at and v.status == "ready":
+                        part = answer(v.rest, ctx, done=False, max_lines=cfg.max_lines, partial=True)
+                        if part:
+                            return part, "partial"
+                    deadlines.append(at)
+                if cfg.time_budget_ms and now >= start + cfg.time_budget_ms / 1000:
+                    # never empty for want of time once a visible token is decided
+                    shown = shape_completion(v.rest, ctx, max_lines=cfg.max_lines, truncated=False) \
+                        if v.status == "ready" else ""
+                    if shown or automatic:
+                        return shown, "time"
+                future = [d for d in deadlines if d > now]
+                await _wait(changed, (min(future) - now) if future else POLL_S)
+        finally:
+            pred.unsubscribe(wake)
+
+    async def _alternatives(self, uri: str, ctx: CompletionContext, have: list[str], arrived: float) -> list[str]:
+        """Sampled completions for an Invoked request, within what is left of its time budget."""
+        cfg = self.config
+        out: list[str] = []
+        for seed in range(1, cfg.alternatives):
+            left = cfg.time_budget_ms / 1000 - (time.perf_counter() - arrived) if cfg.time_budget_ms else None
+            if left is not None and left <= 0.05:
+                break
+            deadline = None if left is None else time.perf_counter() + max(left, 0.2 * cfg.time_budget_ms / 1000)
+
+            def sample(backend: Backend, seed=seed, deadline=deadline):
+                run = backend.start(uri, ctx, cfg, purpose="sample", temperature=SAMPLING_TEMPERATURE, seed=seed)
+                try:
+                    while not run.done and (deadline is None or time.perf_counter() < deadline):
+                        backend.advance(run)
+                        yield
+                finally:
+                    backend.stop(run, "time")
+                return run.text, run.done
+
+            try:
+                raw, complete = await asyncio.wrap_future(self.worker.submit(Job(uri, sample, kind="sample")).future)
+            except (JobAborted, ModelUnavailable):
+                break
+            t = shape_completion(raw, ctx, max_lines=cfg.max_lines, truncated=not complete)
+            if t and t not in have and t not in out:
+                out.append(t)
+        return out
 
     def snapshot(self, last: int = 20) -> dict:
         s = self.stats.snapshot(last)
@@ -254,5 +454,27 @@ class CompletionService:
         backend = self.worker.backend
         if backend is not None:
             s["model"].update(backend.describe())
+        preds = self.predictions.all()
+        s["predictions"] = {"kept": len(preds), "live": sum(p.live for p in preds),
+                            "documents": len({p.uri for p in preds})}
         s["config"] = {k: v for k, v in vars(self.config).items()}
         return s
+
+
+class _Waiter:
+    """A request waiting for its answer (the event loop's side)."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        self.superseded = False
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), max(0.001, timeout))
+    except asyncio.TimeoutError:
+        pass
+
+
+__all__ = ["CompletionService", "CompletionRequest", "CompletionResponse", "Item", "ServiceError", "Backend",
+           "View"]

@@ -57,6 +57,19 @@ class CompletionContext:
         cut = self.suffix.rfind("\n", 0, max_chars)
         return self.suffix[: cut + 1 if cut > 0 else max_chars]
 
+    def infill_in_line(self) -> bool:
+        """Text (not only whitespace) follows the cursor on its line: the completion fills the line's middle."""
+        nl = self.suffix.find("\n")
+        return bool((self.suffix if nl < 0 else self.suffix[:nl]).strip())
+
+    def ahead_indent(self) -> int:
+        """Like block_indent, for decoding past the cursor's line: after an ordinary statement the next lines
+        at its indentation still belong to the block."""
+        line_before = self.prefix[self.prefix.rfind("\n") + 1:]
+        if line_before.strip() and not BLOCK_OPENER.search(line_before):
+            return _indent(line_before)
+        return self.block_indent()
+
     def block_indent(self) -> int:
         """Indentation below which a later line has left the cursor's block (one more after a block opener)."""
         line_before = self.prefix[self.prefix.rfind("\n") + 1:]

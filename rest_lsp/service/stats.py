@@ -1,4 +1,8 @@
-"""Per-request figures and totals for `rest/stats`, and the optional JSONL request log."""
+"""Per-request figures and totals for `rest/stats`, and the optional JSONL request log.
+
+Requests and model runs are counted apart: a request may be answered from a prediction already running or
+finished (no model call), and a prediction keeps decoding after the request it answered.
+"""
 from __future__ import annotations
 
 import json
@@ -11,7 +15,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("completed", "empty", "cache", "cancelled", "superseded", "dropped", "error", "skipped")
+OUTCOMES = ("completed", "reused", "cache", "empty", "cancelled", "superseded", "dropped", "error", "skipped")
+SHOWN = ("completed", "reused", "cache")  # outcomes that carry a suggestion
+COUNTERS = ("predictions", "ahead_predictions", "warmups", "warm_tokens", "warm_forwards", "cursor_notifications")
 
 
 class Stats:
@@ -21,8 +27,11 @@ class Stats:
         self.started = time.time()
         self.totals: dict[str, Any] = {
             "requests": 0, "model_calls": 0, "cache_hits": 0, **{o: 0 for o in OUTCOMES},
-            "tokens": 0, "steps": 0, "retrieval_ms": 0.0, "forward_ms": 0.0,
-            "wasted_tokens": 0, "wasted_steps": 0,   # decoded by requests that were cancelled or superseded
+            **{c: 0 for c in COUNTERS},
+            # model runs (predictions, samples): decoded tokens, steps, time, accepted draft tokens per source
+            "runs": 0, "tokens": 0, "steps": 0, "retrieval_ms": 0.0, "forward_ms": 0.0, "prefill_ms": 0.0,
+            "prompt_tokens": 0, "reused_prompt_tokens": 0, "accepted_sources": {},
+            "wasted_tokens": 0, "wasted_steps": 0,  # decoded by runs stopped before anything was shown
         }
         self._next_id = 0
         self.request_log: Path | None = None
@@ -32,17 +41,20 @@ class Stats:
             self._next_id += 1
             return self._next_id
 
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.totals[name] = self.totals.get(name, 0) + n
+
     def record(self, rec: dict) -> None:
+        """One request's outcome (any thread)."""
         with self._lock:
             t = self.totals
             t["requests"] += 1
             t[rec["outcome"]] = t.get(rec["outcome"], 0) + 1
-            if rec["outcome"] == "cache":
+            if rec["outcome"] in ("reused", "cache"):
                 t["cache_hits"] += 1
             if rec.get("model_call"):
                 t["model_calls"] += 1
-            for k in ("tokens", "steps", "retrieval_ms", "forward_ms"):
-                t[k] += rec.get(k) or 0
             self.recent.append(rec)
             path = self.request_log
         if path is not None:
@@ -53,22 +65,33 @@ class Stats:
                 log.warning("request log %s not writable (%s); disabled", path, exc)
                 self.request_log = None
 
-    def record_waste(self, tokens: int, steps: int) -> None:
-        """Work a stopped request did before it stopped (arrives after its answer was sent)."""
+    def record_run(self, figures: dict, *, wasted: bool = False) -> None:
+        """One model run that ended (rest_lsp/service/backend.py `figures`)."""
         with self._lock:
-            self.totals["wasted_tokens"] += tokens
-            self.totals["wasted_steps"] += steps
+            t = self.totals
+            t["runs"] += 1
+            for k in ("tokens", "steps", "retrieval_ms", "forward_ms", "prefill_ms", "prompt_tokens"):
+                t[k] += figures.get(k) or 0
+            t["reused_prompt_tokens"] += figures.get("reused_tokens") or 0
+            for name, n in (figures.get("accepted_sources") or {}).items():
+                t["accepted_sources"][name] = t["accepted_sources"].get(name, 0) + n
+            if wasted:
+                t["wasted_tokens"] += figures.get("tokens") or 0
+                t["wasted_steps"] += figures.get("steps") or 0
 
     def snapshot(self, last: int = 20) -> dict:
         with self._lock:
-            t = dict(self.totals)
+            t = json.loads(json.dumps(self.totals))  # a deep copy
             recent = list(self.recent)[-last:] if last else []
+            lat = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in SHOWN + ("empty",))
+            shown = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in SHOWN)
         t["accepted_per_step"] = round(t["tokens"] / t["steps"], 3) if t["steps"] else None
         served = t["requests"] - t["skipped"] - t["error"]
         t["cache_hit_rate"] = round(t["cache_hits"] / served, 3) if served else None
-        lat = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in ("completed", "cache", "empty"))
         t["latency_ms_p50"] = _pct(lat, 50)
         t["latency_ms_p95"] = _pct(lat, 95)
+        t["shown_latency_ms_p50"] = _pct(shown, 50)
+        t["shown_latency_ms_p95"] = _pct(shown, 95)
         t["uptime_s"] = round(time.time() - self.started, 1)
         return {"totals": t, "recent": recent}
 

@@ -1,27 +1,35 @@
-"""The single inference thread that owns the model.
+"""The single inference thread that owns the model, running jobs one model forward at a time.
 
 Everything that touches the model (loading it, prefill, decoding) runs on this one thread, so the event loop
-never blocks and the KV cache is never shared between threads. Requests are keyed by document:
-- a newer request for the same document supersedes the older one, pending or running, even without a
-  `$/cancelRequest` (Neovim does not cancel superseded requests);
-- a running job sees its cancellation through `should_stop()`, polled by the decoder between steps;
-- the queue is bounded: past `queue_size` pending jobs the oldest is dropped.
+never blocks and the KV cache is never shared between threads. A job is a generator: each `next()` does at
+most one model forward (a prefill chunk, a decoding step) and yields. Between two forwards the worker picks
+the job to advance: the lowest priority first (INTERACTIVE: a completion somebody waits for; WARM: extending
+a document's KV cache while the user types; AHEAD: predicting past what was shown), oldest first within one
+priority. So a completion pre-empts a warm-up at its next chunk, and a job set aside loses nothing: it goes on
+where it stopped (the engine keeps its KV state in a pool) once nothing more urgent is waiting.
+
+Which jobs to stop is the service's decision (`stop`); the worker only bounds the queue: past `queue_size`
+waiting jobs the oldest of the least urgent priority is dropped.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections.abc import Generator
 from concurrent.futures import Future
 from typing import Any, Callable, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 B = TypeVar("B")
 
+INTERACTIVE, WARM, AHEAD = 0, 1, 2
+_seq = itertools.count()
+
 
 class JobAborted(Exception):
-    """The job will not run (or stopped early): reason is "superseded", "dropped" or "cancelled"."""
+    """The job did not run to its end: reason is "superseded", "dropped", "cancelled" or "stale"."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -33,12 +41,19 @@ class ModelUnavailable(RuntimeError):
 
 
 class Job:
-    def __init__(self, key: str, fn: Callable[[Any, Callable[[], bool]], Any]):
+    """fn(backend) runs on the worker thread: a generator (one forward per step) or a plain function."""
+
+    def __init__(self, key: str, fn: Callable[[Any], Any], *, kind: str = "job", priority: int = INTERACTIVE):
         self.key = key
+        self.kind = kind
         self.fn = fn
+        self.priority = priority
         self.future: Future = Future()
-        self.reason: str | None = None     # why it was stopped, if it was
+        self.reason: str | None = None  # why it was stopped, if it was
+        self.seq = next(_seq)
         self.submitted = time.perf_counter()
+        self.steps = 0
+        self._gen: Generator | None = None
         self._stop = threading.Event()
 
     def stop(self, reason: str) -> None:
@@ -46,36 +61,46 @@ class Job:
             self.reason = reason
         self._stop.set()
 
-    def should_stop(self) -> bool:
+    @property
+    def stopped(self) -> bool:
         return self._stop.is_set()
+
+    def __repr__(self) -> str:
+        return f"Job({self.kind} {self.key!r} p{self.priority} #{self.seq})"
 
 
 class InferenceWorker(Generic[B]):
     def __init__(self, queue_size: int = 8, name: str = "rest-lsp-inference"):
         self.queue_size = max(1, queue_size)
-        self._pending: deque[Job] = deque()
+        self._jobs: list[Job] = []
         self._running: Job | None = None
         self._cv = threading.Condition(threading.RLock())
         self._loader: Callable[[], B] | None = None
         self._backend: B | None = None
-        self.state = "idle"          # idle | loading | ready | failed
+        self.state = "idle"  # idle | loading | ready | failed
         self.error: str | None = None
         self.load_s: float | None = None
-        self.counts = {"superseded": 0, "dropped": 0, "cancelled": 0, "completed": 0, "failed": 0}
+        self.ready_at: float | None = None  # perf_counter() when the current model became usable
+        self.counts = {"superseded": 0, "dropped": 0, "cancelled": 0, "stale": 0, "completed": 0, "failed": 0}
         self._closed = False
+        self._closing: list[Generator] = []  # generators of aborted jobs, closed on the worker thread
         self._loaded = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     # -- called from any thread ---------------------------------------------------------------------
     def load(self, loader: Callable[[], B]) -> None:
-        """(Re)load the backend on the worker thread before the next job; jobs wait for it."""
+        """(Re)load the backend on the worker thread before the next step; jobs wait for it."""
         with self._cv:
             self._loader = loader
             self.state = "loading"
+            self.ready_at = None
             self._loaded.clear()
-            if self._running is not None:
-                self._running.stop("superseded")
+            for job in list(self._jobs):  # their runs belong to the old model
+                if job is self._running:
+                    job.stop("superseded")
+                else:
+                    self._abort(job, "superseded")
             self._cv.notify_all()
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
@@ -85,49 +110,51 @@ class InferenceWorker(Generic[B]):
     def backend(self) -> B | None:
         return self._backend
 
-    def supersede(self, key: str) -> None:
-        """A newer request for key was answered without the model: stop the older ones."""
-        with self._cv:
-            for old in [j for j in self._pending if j.key == key]:
-                self._pending.remove(old)
-                self._abort(old, "superseded")
-            if self._running is not None and self._running.key == key:
-                self._running.stop("superseded")
-
-    def submit(self, key: str, fn: Callable[[B, Callable[[], bool]], Any]) -> Job:
-        job = Job(key, fn)
+    def submit(self, job: Job) -> Job:
         with self._cv:
             if self._closed:
                 job.future.set_exception(RuntimeError("the inference worker is shut down"))
                 return job
-            self.supersede(key)
-            while len(self._pending) >= self.queue_size:
-                self._abort(self._pending.popleft(), "dropped")
-            self._pending.append(job)
+            self._jobs.append(job)
+            waiting = [j for j in self._jobs if j is not self._running and j.steps == 0]
+            while len(waiting) > self.queue_size:
+                oldest = max(waiting, key=lambda j: (j.priority, -j.seq))
+                waiting.remove(oldest)
+                self._abort(oldest, "dropped")
             self._cv.notify_all()
         return job
 
-    def cancel(self, job: Job) -> None:
-        """Client cancellation: a pending job never runs, a running one stops at its next step."""
-        with self._cv:
-            if job in self._pending:
-                self._pending.remove(job)
-                self._abort(job, "cancelled")
-            else:
-                job.stop("cancelled")
+    def run_sync(self, fn: Callable[[B], Any], timeout: float | None = None) -> Any:
+        """Run fn(backend) on the worker (the one-shot CLI, debug requests) and wait for its result."""
+        return self.submit(Job(f"__sync__{id(fn)}", fn, kind="sync")).future.result(timeout)
 
-    def run_sync(self, fn: Callable[[B, Callable[[], bool]], Any], timeout: float | None = None) -> Any:
-        """Run fn on the worker (for the one-shot CLI and debug requests) and wait for its result."""
-        return self.submit(f"__sync__{id(fn)}", fn).future.result(timeout)
+    def jobs(self, key: str | None = None, kind: str | None = None) -> list[Job]:
+        with self._cv:
+            return [j for j in self._jobs if (key is None or j.key == key) and (kind is None or j.kind == kind)]
+
+    def stop(self, job: Job, reason: str) -> None:
+        """The job ends at its next step (a waiting one never runs); its future fails with JobAborted."""
+        with self._cv:
+            if job in self._jobs and job is not self._running:
+                self._abort(job, reason)
+            else:
+                job.stop(reason)
+            self._cv.notify_all()
+
+    def set_priority(self, job: Job, priority: int) -> None:
+        with self._cv:
+            job.priority = priority
+            self._cv.notify_all()
 
     def close(self) -> bool:
         """Stop the thread; True when it has ended (the backend is no longer in use)."""
         with self._cv:
             self._closed = True
-            while self._pending:
-                self._abort(self._pending.popleft(), "dropped")
-            if self._running is not None:
-                self._running.stop("cancelled")
+            for job in list(self._jobs):
+                if job is self._running:
+                    job.stop("cancelled")
+                else:
+                    self._abort(job, "dropped")
             self._cv.notify_all()
         self._thread.join(timeout=5)
         return not self._thread.is_alive()
@@ -135,35 +162,62 @@ class InferenceWorker(Generic[B]):
     def snapshot(self) -> dict:
         with self._cv:
             return {"state": self.state, "error": self.error, "load_s": self.load_s,
-                    "pending": len(self._pending), "running": self._running is not None, **self.counts}
+                    "pending": sum(1 for j in self._jobs if j is not self._running),
+                    "running": self._running is not None, **self.counts}
 
     # -- worker thread ------------------------------------------------------------------------------
     def _abort(self, job: Job, reason: str) -> None:
+        """With the lock held: remove a job that is not stepping now and fail its future."""
         job.stop(reason)
-        self.counts[reason] += 1
+        if job in self._jobs:
+            self._jobs.remove(job)
+        if job._gen is not None:
+            self._closing.append(job._gen)  # its `finally` blocks (stopping the engine run) run on the worker
+            job._gen = None
+        self.counts[reason] = self.counts.get(reason, 0) + 1
         if not job.future.done():
-            job.future.set_exception(JobAborted(reason))
+            job.future.set_exception(JobAborted(job.reason or reason))
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and self._loader is None and not (self._pending and self.state != "idle"):
+                closing, self._closing = self._closing, []
+            for gen in closing:
+                try:
+                    gen.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing an aborted job")
+            with self._cv:
+                while not self._closed and self._loader is None and not self._closing and \
+                        not (self._jobs and self.state in ("ready", "failed")):
                     self._cv.wait()
+                if self._closing and not self._closed:
+                    continue
                 if self._closed:
+                    for job in list(self._jobs):
+                        self._abort(job, "dropped")
+                    closing, self._closing = self._closing, []
+                    for gen in closing:
+                        gen.close()
                     return
                 loader, self._loader = self._loader, None
                 job = None
                 if loader is None:
-                    job = self._pending.popleft()
+                    job = min(self._jobs, key=lambda j: (j.priority, j.seq))
+                    if job.stopped:
+                        self._abort(job, job.reason or "cancelled")
+                        continue
                     self._running = job
             if loader is not None:
                 self._do_load(loader)
                 continue
             try:
-                self._do_job(job)
+                self._step(job)
             finally:
                 with self._cv:
                     self._running = None
+                    if job.stopped and job in self._jobs:
+                        self._abort(job, job.reason or "cancelled")
 
     def _do_load(self, loader: Callable[[], B]) -> None:
         t0 = time.perf_counter()
@@ -184,26 +238,37 @@ class InferenceWorker(Generic[B]):
             self._backend = backend
             if self._loader is None:
                 self.state, self.error = "ready", None
+                self.ready_at = time.perf_counter()
             self.load_s = time.perf_counter() - t0
         self._loaded.set()
 
-    def _do_job(self, job: Job) -> None:
-        if job.should_stop():
-            with self._cv:
-                self._abort(job, job.reason or "cancelled")
-            return
-        if not job.future.set_running_or_notify_cancel():   # cancelled through its asyncio wrapper
-            return
+    def _finish(self, job: Job, result: Any = None, exc: BaseException | None = None) -> None:
+        with self._cv:
+            if job in self._jobs:
+                self._jobs.remove(job)
+            job._gen = None
+            self.counts["failed" if exc is not None else "completed"] += 1
+        if not job.future.done():
+            if exc is not None:
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+
+    def _step(self, job: Job) -> None:
         if self.state == "failed" or self._backend is None:
-            self.counts["failed"] += 1
-            job.future.set_exception(ModelUnavailable(f"the model is not available: {self.error}"))
+            self._finish(job, exc=ModelUnavailable(f"the model is not available: {self.error}"))
             return
+        job.steps += 1
         try:
-            result = job.fn(self._backend, job.should_stop)
-        except BaseException as exc:  # noqa: BLE001
-            log.exception("inference job failed")
-            self.counts["failed"] += 1
-            job.future.set_exception(exc)
-            return
-        self.counts["completed"] += 1
-        job.future.set_result(result)
+            if job._gen is None:
+                out = job.fn(self._backend)
+                if not isinstance(out, Generator):
+                    self._finish(job, out)
+                    return
+                job._gen = out
+            next(job._gen)
+        except StopIteration as done:
+            self._finish(job, done.value)
+        except BaseException as exc:  # noqa: BLE001 - one failing job never takes the worker down
+            log.exception("inference job %r failed", job)
+            self._finish(job, exc=exc)

@@ -45,7 +45,12 @@ class TableVerifier:
         self.past_len = len(self.cache)
         self._last_q = len(toks)
         logits = torch.stack(out)
-        return logits if rows is None else logits[list(rows)]
+        self._last = logits if rows is None else logits[list(rows)]
+        return self._last
+
+    def row_scorer(self, row):
+        logits = self._last[row]
+        return lambda ids: logits[ids]
 
     def keep(self, indices):
         base = len(self.cache) - self._last_q

@@ -50,6 +50,12 @@ async def test_completion_workspace_cache_config(session, tiny_model, tmp_path):
 
     uri = (ws / "demo.py").as_uri()
     session.open(uri, SOURCE)
+    # where the cursor rests (our clients' notification) and where an edit leaves it: the cache is warmed
+    session.client.protocol.notify("rest/cursor", {"textDocument": {"uri": uri},
+                                                   "position": {"line": 10, "character": 4}})
+    session.client.protocol.notify("rest/cursor", {"textDocument": {"uri": uri}, "position": {"line": "x"}})
+    st = await wait_for(session, lambda st: st["totals"]["cursor_notifications"] == 1 and st["totals"]["warmups"] == 1
+                        and st["totals"]["warm_tokens"] > 0, "the warm-up at the cursor")
     # multi-line at the empty line inside main(); single line where code follows the cursor
     multi = await session.complete(uri, 10, 4, invoked=True)
     item = multi.items[0]
@@ -95,7 +101,7 @@ async def test_completion_workspace_cache_config(session, tiny_model, tmp_path):
         session.edit(line_doc, 2, (1, 18), (1, 18), shown[0])
         again = await session.complete(line_doc, 1, 19)
         st = await session.stats()
-        assert st["recent"][-1]["outcome"] == "cache"
+        assert st["recent"][-1]["outcome"] in ("cache", "reused")  # the prediction may still be decoding
         assert st["totals"]["model_calls"] == calls
         assert again.items[0].insert_text == shown[1:].rstrip()
 
@@ -176,27 +182,32 @@ async def test_cancellation_and_supersession(session, tiny_model, tmp_path):
     uri = (tmp_path / "long.py").as_uri()
     session.open(uri, SOURCE)
     await wait_for(session, lambda st: st["model"]["state"] == "ready", "model")
-    # supersession: a newer request for the same document wins without any $/cancelRequest
-    older = asyncio.ensure_future(session.complete(uri, 10, 4))
+    # supersession: a newer request for the same document wins without any $/cancelRequest (after "main():",
+    # where the tiny model's greedy output runs for seconds before it ends its first line)
+    older = asyncio.ensure_future(session.complete(uri, 9, 11))
     await asyncio.sleep(1.0)
     newer = asyncio.ensure_future(session.request(
-        types.TEXT_DOCUMENT_INLINE_COMPLETION, session.inline_params(uri, 10, 4, invoked=True), msg_id="newer"))
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, session.inline_params(uri, 9, 11, invoked=True), msg_id="newer"))
     r = await older
     assert not r.items
     st = await session.stats()
     assert st["recent"][-1]["outcome"] == "superseded"
-    # cancellation: the newer one is cancelled mid-decoding and answers RequestCancelled
+    # cancellation: the newer one is cancelled mid-decoding and answers RequestCancelled; the prediction
+    # goes on (the next keys may be what it says) ...
     await asyncio.sleep(1.0)
     session.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="newer"))
     with pytest.raises(JsonRpcException) as e:
         await newer
     assert error_code(e.value) == -32800
-    # decoding stopped at the next step: the stopped requests' work is counted and far below maxTokens
+    st = await session.stats()
+    assert st["predictions"]["live"] == 1 and st["model"]["running"]
+    # ... until an edit contradicts it: it stops at its next step, and its work counts as wasted
+    session.edit(uri, 2, (9, 11), (9, 11), "\u00a7\u00a7 nothing a model would say")
     st = await wait_for(session, lambda st: st["totals"]["wasted_steps"] > 0 and not st["model"]["running"],
-                        "the stopped decodes")
+                        "the stopped decode")
     t = st["totals"]
-    assert t["cancelled"] == 1 and t["superseded"] == 1
-    assert 0 < t["wasted_tokens"] < 2 * 3000
+    assert t["cancelled"] == 1 and t["superseded"] == 1 and st["predictions"]["live"] == 0
+    assert 0 < t["wasted_tokens"] < 3000
 
 
 async def test_model_failure_then_recovery_and_unwritable_cache(session, tiny_model, tmp_path):

@@ -1,0 +1,347 @@
+"""A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
+
+    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12] [--methods rest,plain]
+        [--no-cancel] [--no-cursor] [--set KEY=VALUE ...] [--json OUT]
+
+An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
+a real project from PyPI that no corpus holds (benchmarks/realcode.py): function bodies of some of its files
+are removed, the project is the workspace (indexed by the daemon), and the file with the bodies removed is
+open. The client types each body character by character with a seeded human rhythm: 60-140 ms per key,
+300-700 ms after a newline and after one space or bracket in four. After a newline the editor indents the new
+line (auto-indent), so indentation is not typed. It asks for an inline completion once 150 ms pass without a
+key (Automatic trigger) and, VS Code style, cancels the request in flight at the next key (`--no-cancel`:
+Neovim style). Like this project's editor clients it also says where the cursor rests after 250 ms
+(`rest/cursor`; `--no-cursor` to leave it out). A suggestion that arrives while what was typed since the
+request is still its prefix is shown; the simulated person then accepts the part equal to what they were about
+to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key,
+and types on after it.
+
+Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
+rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
+p50/p95, characters typed vs accepted, server CPU seconds per typed character, model calls, and the daemon's
+own figures.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lsprotocol import types
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lsp_client import Server  # noqa: E402
+from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
+
+DEBOUNCE_S = 0.150
+CURSOR_REST_S = 0.250
+WORD = re.compile(r"\w")
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1)
+
+
+@dataclass
+class Body:
+    """A function body to type: its text after the first line's indentation, and which characters a person
+    types (not the indentation the editor adds after a newline)."""
+
+    path: Path
+    line: int  # 0-based line where the body starts
+    indent: int
+    text: str
+    typed_mask: list[bool] = field(default_factory=list)
+
+    def __post_init__(self):
+        mask, at_line_start = [], False
+        for ch in self.text:
+            if at_line_start and ch in " \t":
+                mask.append(False)
+                continue
+            at_line_start = ch == "\n"
+            mask.append(True)
+        self.typed_mask = mask
+
+
+def prepare(root: Path, n_files: int, limit: int, seed: int, work: Path) -> tuple[Path, list[tuple[Path, str, list[Body]]]]:
+    """The workspace (a copy of the project with the chosen bodies removed from their files) and, per typed
+    file, its text as open in the editor and the bodies to type, in file order."""
+    rng = random.Random(seed)
+    files = [p for p in python_files(root) if len(function_bodies(p.read_text(encoding="utf-8"), 3, 10)) >= 3]
+    rng.shuffle(files)
+    chosen = sorted(files[:n_files])
+    per_file = max(1, -(-limit // max(1, len(chosen))))
+    ws = work / root.name
+    shutil.copytree(root, ws)
+    out = []
+    for path in chosen:
+        text = path.read_text(encoding="utf-8")
+        bodies = function_bodies(text, 3, 10)
+        pick = sorted(rng.sample(bodies, min(per_file, len(bodies))))
+        lines = text.split("\n")
+        todo = []
+        for first, last, indent in reversed(pick):  # bottom-up, so earlier line numbers stay valid
+            body_text = "\n".join(lines[first:last + 1])[indent:]
+            lines[first:last + 1] = [" " * indent]
+            todo.append((first, indent, body_text))
+        opened = "\n".join(lines)
+        target = ws / path.relative_to(root)
+        target.write_text(opened, encoding="utf-8")
+        bodies_out, shift = [], 0
+        for first, indent, body_text in reversed(todo):  # top-down; earlier bodies typed push later ones down
+            bodies_out.append(Body(target, first + shift, indent, body_text))
+            shift += body_text.count("\n")
+        out.append((target, opened, bodies_out))
+    return ws, out
+
+
+def gap_after(ch: str, rng: random.Random) -> float:
+    if ch == "\n":
+        return rng.uniform(0.3, 0.7)
+    if ch in " ([{,:=" and rng.random() < 0.25:
+        return rng.uniform(0.3, 0.7)
+    return rng.uniform(0.06, 0.14)
+
+
+def acceptable(suggestion: str, coming: str) -> str:
+    """The part of the suggestion a person takes: what they were about to type, cut at a word boundary
+    (all of it when it all matches)."""
+    n = 0
+    while n < min(len(suggestion), len(coming)) and suggestion[n] == coming[n]:
+        n += 1
+    if n == len(suggestion):
+        return suggestion
+    while n > 0 and WORD.match(coming[n - 1]) and n < len(coming) and WORD.match(coming[n]):
+        n -= 1  # inside a word: back to its start
+    return suggestion[:n]
+
+
+class Editor:
+    """The open document as the client knows it, with its edits sent as incremental changes."""
+
+    def __init__(self, server: Server, path: Path, text: str):
+        self.server, self.uri = server, path.as_uri()
+        self.lines = text.split("\n")
+        self.version = 1
+        server.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=self.uri, language_id="python", version=1, text=text)))
+
+    def insert(self, line: int, col: int, text: str) -> tuple[int, int]:
+        """Insert at (line, col) (code points; the code here is ASCII, so UTF-16 units too); returns the cursor."""
+        self.version += 1
+        self.server.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=self.uri, version=self.version),
+            [types.TextDocumentContentChangePartial(range=types.Range(types.Position(line, col),
+                                                                      types.Position(line, col)), text=text)]))
+        cur = self.lines[line]
+        new = (cur[:col] + text + cur[col:]).split("\n")
+        self.lines[line:line + 1] = new
+        return line + len(new) - 1, len(new[-1]) - len(cur[col:])
+
+    def cursor(self, line: int, col: int) -> None:
+        self.server.client.protocol.notify("rest/cursor", {"textDocument": {"uri": self.uri},
+                                                           "position": {"line": line, "character": col}})
+
+    def request(self, line: int, col: int):
+        params = types.InlineCompletionParams(
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+            text_document=types.TextDocumentIdentifier(uri=self.uri), position=types.Position(line, col))
+        return self.server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params)
+
+
+async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict) -> None:
+    line, col = body.line, body.indent
+    ed.cursor(line, col)
+    await asyncio.sleep(1.0)  # the person moved here and starts typing
+    i, text = 0, body.text
+    take = ""  # a suggestion part the person accepts as their next action
+    while i < len(text):
+        if take:  # Tab (or a word-accept) instead of the next key
+            line, col = ed.insert(line, col, take)
+            tally["accepted"] += sum(body.typed_mask[i:i + len(take)])
+            tally["accepts"] += 1
+            i += len(take)
+            prev = take[-1]
+        else:  # one key: the character, or after a newline the editor's indentation of the next line too
+            ins = text[i]
+            if ins == "\n":
+                j = i + 1
+                while j < len(text) and text[j] in " \t":
+                    j += 1
+                ins = text[i:j]
+            line, col = ed.insert(line, col, ins)
+            tally["typed"] += 1
+            i += len(ins)
+            prev = ins[0]
+        take = ""
+        if i >= len(text):
+            break
+        gap = gap_after(prev, rng)
+        t_key = time.perf_counter()
+        version = ed.version
+        shown: dict = {}
+        sent: list = []
+
+        async def ask(at_line=line, at_col=col, version=version, shown=shown, sent=sent):
+            await asyncio.sleep(DEBOUNCE_S)
+            tally["pauses"] += 1
+            t0 = time.perf_counter()
+            sent.append(asyncio.ensure_future(ed.request(at_line, at_col)))
+            try:
+                result = await asyncio.shield(sent[0])  # the client decides whether to cancel it (below)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - cancelled by the next key
+                return
+            items = getattr(result, "items", None) or []
+            if ed.version == version and items and items[0].insert_text:
+                shown.update(text=items[0].insert_text, latency=(time.perf_counter() - t0) * 1000)
+
+        async def rest_cursor(at_line=line, at_col=col):
+            await asyncio.sleep(CURSOR_REST_S)
+            ed.cursor(at_line, at_col)
+
+        tasks = [asyncio.ensure_future(ask())] if gap > DEBOUNCE_S else []
+        if cursor_msgs and gap > CURSOR_REST_S:
+            tasks.append(asyncio.ensure_future(rest_cursor()))
+        await asyncio.sleep(max(0.0, gap - (time.perf_counter() - t_key)))
+        if shown:
+            tally["shown"] += 1
+            tally["shown_latency"].append(shown["latency"])
+            take = acceptable(shown["text"], text[i:])
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        if cancel and sent and not sent[0].done():
+            sent[0].cancel()  # pygls sends $/cancelRequest
+        await asyncio.sleep(0)
+    tally["typeable"] += sum(body.typed_mask)
+
+
+async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path) -> dict:
+    server = Server(log_dir / name)
+    await server.start()
+    t0 = time.perf_counter()
+    await server.initialize({"persistHistory": False, "cacheDir": str(log_dir / name / "cache"), **options}, [ws])
+    st = await server.wait_ready(workspace=True)
+    ready_s = time.perf_counter() - t0
+    folder = (st.get("datastore") or {}).get("folders", [{}])[0]
+    print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
+          file=sys.stderr)
+    rng = random.Random(args.seed)
+    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": []}
+    cpu0 = server.cpu_seconds()
+    t_typing = time.perf_counter()
+    n = 0
+    for path, opened, bodies in files:
+        ed = Editor(server, path, opened)
+        for body in bodies:
+            if n >= args.limit:
+                break
+            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally)
+            n += 1
+            print(f"[{name}] body {n}: typed {tally['typed']}, accepted {tally['accepted']}, pauses {tally['pauses']}, "
+                  f"shown {tally['shown']}", file=sys.stderr)
+    typing_s = time.perf_counter() - t_typing
+    await asyncio.sleep(0.5)
+    cpu = server.cpu_seconds() - cpu0
+    st = await server.stats(last=0)
+    await server.close()
+    lat = tally["shown_latency"]
+    chars = tally["typed"] + tally["accepted"]
+    return {
+        "options": options, "bodies": n, "ready_s": round(ready_s, 1), "typing_s": round(typing_s, 1),
+        "pauses": tally["pauses"], "shown": tally["shown"],
+        "shown_rate": round(tally["shown"] / tally["pauses"], 3) if tally["pauses"] else None,
+        "shown_latency_ms_p50": pct(lat, 50), "shown_latency_ms_p95": pct(lat, 95),
+        "shown_latency_ms_mean": round(statistics.mean(lat), 1) if lat else None,
+        "keys_typed": tally["typed"], "chars_accepted": tally["accepted"], "accepts": tally["accepts"],
+        "chars_total": tally["typeable"],
+        "accepted_share": round(tally["accepted"] / tally["typeable"], 3) if tally["typeable"] else None,
+        "keys_saved_share": round(1 - tally["typed"] / chars, 3) if chars else None,
+        "cpu_s": round(cpu, 1), "cpu_s_per_typed_char": round(cpu / max(1, tally["typed"]), 3),
+        "server": {k: st["totals"].get(k) for k in (
+            "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
+            "predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
+            "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications")},
+        "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
+    }
+
+
+def parse_value(v: str):
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+async def main_async(args) -> dict:
+    root = fetch_project(args.project)
+    work = Path(tempfile.mkdtemp(prefix="rest-lsp-typing."))
+    try:
+        ws, files = prepare(root, args.files, args.limit, args.seed, work)
+        extra = dict(kv.split("=", 1) for kv in args.set)
+        extra = {k: parse_value(v) for k, v in extra.items()}
+        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}}
+        report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
+                  "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
+                  "methods": {}}
+        for name in args.methods.split(","):
+            report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs")
+        return report
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}", file=sys.stderr)
+
+
+def table(report: dict) -> str:
+    head = (f"{'method':<6} {'pauses':>6} {'shown':>6} {'shown %':>7} {'p50 ms':>7} {'p95 ms':>7} {'typed':>6} "
+            f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'model calls':>11}")
+    out = [head, "-" * len(head)]
+    for m, r in report["methods"].items():
+        out.append(f"{m:<6} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
+                   f"{r['shown_latency_ms_p50'] or 0:>7.0f} {r['shown_latency_ms_p95'] or 0:>7.0f} {r['keys_typed']:>6} "
+                   f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
+                   f"{r['server']['model_calls']:>11}")
+    m = report["methods"]
+    if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
+        out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--project", default=DEFAULT_PROJECT)
+    p.add_argument("--files", type=int, default=2, help="files whose bodies are typed")
+    p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
+    p.add_argument("--methods", default="rest,plain")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
+    p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")
+    p.add_argument("--set", action="append", default=[], help="a server setting for every method, KEY=VALUE")
+    p.add_argument("--keep", action="store_true", help="keep the workspace and the server logs")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    report = asyncio.run(main_async(args))
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""A minimal editor-like LSP client for the benchmarks: a real `rest-lsp --stdio` process, driven with pygls'
+LanguageClient (framing, JSON-RPC, cancellation), plus the server's CPU time read from /proc."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from lsprotocol import types
+from pygls.client import run_async
+from pygls.lsp.client import LanguageClient
+
+CAPABILITIES = types.ClientCapabilities(
+    text_document=types.TextDocumentClientCapabilities(
+        inline_completion=types.InlineCompletionClientCapabilities(),
+        synchronization=types.TextDocumentSyncClientCapabilities(did_save=True)),
+    window=types.WindowClientCapabilities(work_done_progress=False),
+    workspace=types.WorkspaceClientCapabilities(configuration=False, workspace_folders=True),
+)
+
+
+def plain(obj):
+    """Custom-request results as dicts (pygls hands them over as namedtuple-like objects)."""
+    if hasattr(obj, "_asdict"):
+        obj = obj._asdict()
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj
+
+
+class Server:
+    """`rest-lsp --stdio` in a process of its own, with a client."""
+
+    def __init__(self, log_dir: Path, env: dict | None = None):
+        self.log_dir = log_dir
+        self.env = env or {}
+        self.client = LanguageClient("rest-lsp-bench", "0")
+        self.proc: asyncio.subprocess.Process | None = None
+
+        @self.client.feature(types.WINDOW_LOG_MESSAGE)
+        def _log(params):
+            pass
+
+    async def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._stderr = open(self.log_dir / "server.stderr", "wb")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rest_lsp.cli", "--stdio", "--log-file", str(self.log_dir / "server.log"),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._stderr,
+            env={**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", **self.env})
+        c = self.client
+        c.protocol.set_writer(self.proc.stdin)
+        c._async_tasks.append(asyncio.create_task(run_async(
+            stop_event=c._stop_event, reader=self.proc.stdout, protocol=c.protocol, logger=None,
+            error_handler=c.report_server_error)))
+        c._server = self.proc
+
+    async def initialize(self, options: dict, folders: list[Path] = ()) -> None:
+        await self.client.initialize_async(types.InitializeParams(
+            capabilities=CAPABILITIES, initialization_options=options,
+            workspace_folders=[types.WorkspaceFolder(uri=p.as_uri(), name=p.name) for p in folders] or None,
+            root_uri=folders[0].as_uri() if folders else None))
+        self.client.initialized(types.InitializedParams())
+
+    async def stats(self, last: int = 0) -> dict:
+        return plain(await self.client.protocol.send_request_async("rest/stats", {"last": last}))
+
+    async def wait_ready(self, workspace: bool, timeout: float = 1800) -> dict:
+        """Until the model is loaded (and the workspace indexed): the moment a person would start typing."""
+        for _ in range(int(timeout * 5)):
+            st = await self.stats()
+            folders = (st.get("datastore") or {}).get("folders") or []
+            if st["model"]["state"] == "failed":
+                raise RuntimeError(f"the model failed to load: {st['model']['error']}")
+            if st["model"]["state"] == "ready" and (not workspace or (folders and all(
+                    f["state"] in ("ready", "failed", "disabled") for f in folders))):
+                return st
+            await asyncio.sleep(0.2)
+        raise TimeoutError("the server was not ready in time")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def close(self) -> None:
+        try:
+            if self.proc.returncode is None:
+                await asyncio.wait_for(self.client.shutdown_async(None), 30)
+                self.client.exit(None)
+                await asyncio.wait_for(self.proc.wait(), 15)
+        except Exception:  # noqa: BLE001 - a benchmark must not hang on a stuck server
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+        finally:
+            self.client._stop_event.set()
+            self._stderr.close()

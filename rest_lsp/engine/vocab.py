@@ -1,0 +1,47 @@
+"""Token strings of a vocabulary, searchable by prefix: for outputs that must start with a given text.
+
+A prompt that ends inside a word ("return x.ite") or after a space cuts the text where the tokenizer never
+cuts it in training (the space belongs to the next word's token, "items" is one token), and the model then
+continues badly. So the service leaves such an ending out of the prompt and asks that the output start with
+it (`GenerationConfig.forced_text`, token healing): at each step until the output spells it out, only
+tokens that agree with what is left of it may be chosen.
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+
+class VocabIndex:
+    def __init__(self, tokenizer, vocab_size: int):
+        n = min(vocab_size, len(tokenizer))
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+        texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        self.texts: list[str] = [("" if i in special else t) for i, t in enumerate(texts)]
+        pairs = sorted((t, i) for i, t in enumerate(self.texts) if t and "\ufffd" not in t)
+        self._sorted = [t for t, _ in pairs]
+        self._ids = [i for _, i in pairs]
+        self._exact: dict[str, list[int]] = {}
+        for t, i in pairs:
+            self._exact.setdefault(t, []).append(i)
+
+    def agreeing(self, text: str) -> torch.Tensor:
+        """Ids of the tokens that agree with `text`: they start with it, or they are a start of it."""
+        lo = bisect.bisect_left(self._sorted, text)
+        hi = bisect.bisect_left(self._sorted, text + "\U0010ffff")
+        ids = self._ids[lo:hi]
+        for k in range(1, len(text)):
+            ids = ids + self._exact.get(text[:k], [])
+        return torch.tensor(sorted(set(ids)), dtype=torch.long)
+
+    @staticmethod
+    def left_after(forced: str, token_text: str) -> str:
+        """What of `forced` is still to be spelled out after a token with this text."""
+        if token_text.startswith(forced):
+            return ""
+        if forced.startswith(token_text):
+            return forced[len(token_text):]
+        return ""  # a token that disagrees (no agreeing token existed): the constraint is dropped

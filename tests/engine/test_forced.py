@@ -1,0 +1,78 @@
+"""Token healing: an output that must start with a given text, exact against an independent constrained
+greedy loop over the transformers model, with drafts, from a warmed cache, and through the fast verifiers."""
+import pytest
+import torch
+
+from rest_lsp.engine import ContextSource, Engine, GenerationConfig
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    from rest_lsp.model.host import load_model
+    from rest_lsp.model.tiny import make_tiny_model_dir
+
+    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("forced") / "m", seed=3), device="cpu",
+                      precision="fp32")
+
+
+def reference(lm, prompt, forced, n):
+    """Greedy decoding with no cache, restricted while `forced` is not spelled out to the tokens whose text
+    starts with what is left of it or is a start of it (each token's text decoded on its own)."""
+    tok = lm.tokenizer
+    texts = [tok.decode([i]) for i in range(lm.model.config.vocab_size)]
+    special = set(tok.all_special_ids)
+    seq, out, left = list(prompt), [], forced
+    with torch.no_grad():
+        for _ in range(n):
+            logits = lm.model(torch.tensor([seq])).logits[0, -1]
+            if left:
+                ok = [i for i, t in enumerate(texts) if i not in special and t and "\ufffd" not in t
+                      and (t.startswith(left) or left.startswith(t))]
+                nxt = max(ok, key=lambda i: float(logits[i]))
+                t = texts[nxt]
+                left = "" if t.startswith(left) else left[len(t):]
+            else:
+                nxt = int(logits.argmax())
+            seq.append(nxt)
+            out.append(nxt)
+    return out
+
+
+@pytest.mark.parametrize("forced", [" re", " ", "in", "  def"])
+def test_forced_text_is_exact_with_drafts(lm, forced):
+    prompt = lm.build_prompt("import json\n\n\ndef load(path):\n    with open(path) as f:\n", "\n")
+    ref = reference(lm, prompt, forced, N)
+    engine = Engine(lm, [(ContextSource(), 1.0)], eos_token_ids=[])
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=forced))
+    assert res.tokens == ref
+    assert res.text.startswith(forced)
+    # the same engine again, the prompt's KV and last logits kept from the first call: the same tokens
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=forced))
+    assert res.tokens == ref and res.reused_tokens == len(prompt) - 1
+
+
+def test_forced_text_after_a_warm_up_uses_the_kept_logits_exactly(lm):
+    prompt = lm.build_prompt("class Stack:\n    def push(self, item):\n", "\n")
+    ref = reference(lm, prompt, " sel", N)
+    engine = Engine(lm, [(ContextSource(), 1.0)], eos_token_ids=[])
+    warm = engine.start(prompt, GenerationConfig(max_new_tokens=0), chunk=16)
+    while not warm.done:
+        engine.advance(warm)
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=" sel"))
+    assert res.reused_tokens == len(prompt)  # no forward before the first (constrained) token
+    assert res.tokens == ref
+
+
+@pytest.mark.parametrize("kind", ["packed", "screened"])
+def test_forced_text_through_the_fast_verifiers(lm, kind):
+    from rest_lsp.model.fast import make_verifier
+
+    prompt = lm.build_prompt("def parse(text):\n    for line in text.splitlines():\n", "\n")
+    plain = Engine(lm, verifier=make_verifier(lm, kind, max_len=512), eos_token_ids=[])
+    want = plain.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=0, forced_text=" if")).tokens
+    engine = Engine(lm, [(ContextSource(), 1.0)], verifier=make_verifier(lm, kind, max_len=512), eos_token_ids=[])
+    got = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=" if"))
+    assert got.tokens == want and got.text.startswith(" if")
+    assert want == reference(lm, prompt, " if", N)  # fp32: the same as the transformers model
