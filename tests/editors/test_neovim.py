@@ -7,18 +7,15 @@ Debian's neovim (0.7.2 here) runs the plugin's own inline completion; a Neovim 0
 REST_LSP_TEST_NVIM runs the native `vim.lsp.inline_completion` path."""
 from __future__ import annotations
 
-import os
 import shutil
 import time
 
 import pytest
 
-from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, neovims, server_env, version
+from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, make_workspace, missing_editor, neovims, server_env, version
 
-NO_NVIM = "Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)"
-if shutil.which("nvim") is None and os.environ.get("REST_LSP_REQUIRE_EDITORS"):
-    pytest.fail(NO_NVIM, pytrace=False)   # scripts/test.sh installed it: missing is a failure, not a skip
-pytestmark = pytest.mark.skipif(shutil.which("nvim") is None, reason=NO_NVIM)
+if shutil.which("nvim") is None:
+    missing_editor("Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)")
 
 CALC_LINES = CALC.split("\n")[:-1]
 BLOCK = (6, 4)   # 1-based line, byte column at the end of "    " inside mul(): an empty block line
@@ -83,11 +80,7 @@ def nvim_id(nvim: str) -> str:
 
 def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nvim")
-    ws = tmp / "ws"
-    ws.mkdir()
-    (ws / ".git").mkdir()
-    (ws / "calc.py").write_text(CALC)
-    (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
+    ws = make_workspace(tmp)
     nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=server_env(tmp), cwd=str(ws))
     try:
         nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"), native)

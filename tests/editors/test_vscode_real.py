@@ -11,15 +11,13 @@ scripts/test.sh (REST_LSP_REQUIRE_EDITORS=1) a missing piece fails the test inst
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from editor_harness import CALC, SERVER
+from editor_harness import CALC, SERVER, make_workspace, missing_editor
 from indexer.embedded import cache_root
 from vscode_harness import CodeServer, Workbench, find_tools, package_extension, wait_until
 
@@ -38,15 +36,9 @@ def expected_after_accept(lines: list[str], line: int, typed_line: str, ghost: s
 def vscode(tiny_model, tmp_path_factory):
     tools = find_tools()
     if isinstance(tools, str):
-        if os.environ.get("REST_LSP_REQUIRE_EDITORS"):
-            pytest.fail(tools)
-        pytest.skip(tools)
+        missing_editor(tools)
     tmp = tmp_path_factory.mktemp("vscode")
-    ws = tmp / "ws"
-    ws.mkdir()
-    (ws / ".git").mkdir()
-    (ws / "calc.py").write_text(CALC)
-    (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
+    ws = make_workspace(tmp)
     # The server as the extension starts it, behind a script that records each start (Restart Server).
     starts = tmp / "starts.log"
     wrapper = tmp / "rest-lsp"

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from indexer.embedded import cache_root
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "editors" / "vscode"
@@ -245,6 +244,8 @@ class Workbench:
 
     def quick_input(self, opener: str, text: str, expect: str | None = None) -> None:
         """Open a quick input (Ctrl+P, F1, Ctrl+G), type into it and press Enter (once `expect` shows)."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         self.press(opener)
         box = self.page.locator(".quick-input-widget input")
         box.wait_for(state="visible", timeout=20_000)
