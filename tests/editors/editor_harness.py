@@ -11,9 +11,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
+import pytest
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,24 @@ SERVER_CMD = shlex.split(os.environ.get("REST_LSP_TEST_SERVER_CMD", "")) or [str
 PLUGIN = REPO / "editors" / "neovim"
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n"
+
+
+def make_workspace(tmp: Path) -> Path:
+    """The small project the editor tests open: a git root with calc.py (the file typed into) and util.py."""
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / ".git").mkdir()
+    (ws / "calc.py").write_text(CALC)
+    (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
+    return ws
+
+
+def missing_editor(why: str) -> NoReturn:
+    """A test's editor is not installed: a failure under scripts/test.sh, which installed the editors
+    (REST_LSP_REQUIRE_EDITORS=1), else a skip."""
+    if os.environ.get("REST_LSP_REQUIRE_EDITORS"):
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why, allow_module_level=True)
 
 
 NVIM_012 = PLUGIN / ".nvim-test" / "bin" / "nvim"   # fetched by scripts/test_editors.sh

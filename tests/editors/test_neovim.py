@@ -8,14 +8,14 @@ REST_LSP_TEST_NVIM runs the native `vim.lsp.inline_completion` path."""
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 
-from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, neovims, server_env, version
+from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, make_workspace, missing_editor, neovims, server_env, version
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("nvim") is None,
-    reason="Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)")
+if shutil.which("nvim") is None:
+    missing_editor("Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)")
 
 CALC_LINES = CALC.split("\n")[:-1]
 BLOCK = (6, 4)   # 1-based line, byte column at the end of "    " inside mul(): an empty block line
@@ -80,11 +80,7 @@ def nvim_id(nvim: str) -> str:
 
 def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nvim")
-    ws = tmp / "ws"
-    ws.mkdir()
-    (ws / ".git").mkdir()
-    (ws / "calc.py").write_text(CALC)
-    (ws / "util.py").write_text("def sub(a, b):\n    return a - b\n")
+    ws = make_workspace(tmp)
     nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=server_env(tmp), cwd=str(ws))
     try:
         nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"), native)
@@ -273,3 +269,64 @@ def test_stats_command(session):
     requests = [l for l in lines if l.strip().startswith("requests:")]
     assert requests and int(requests[0].split(":")[1]) >= 1
     nv.command("close")
+
+
+CURSOR_STATE = """
+local c = require('rest_lsp.cursor')
+return { sent = c.sent, history = c.history }
+"""
+
+
+def server_totals(nv: Nvim) -> dict:
+    """`totals` of the server's rest/stats, asked through the plugin."""
+    nv.lua("_G.__rest_stats = nil; require('rest_lsp').stats(function(err, s) _G.__rest_stats = s or { error = err } end)")
+    stats = nv.wait_for("_G.__rest_stats", timeout=30, what="rest/stats")
+    assert "totals" in stats, stats
+    return stats["totals"]
+
+
+def check_cursor_reports(nv: Nvim) -> None:
+    """rest/cursor: one report once the cursor rests 250 ms (insert and normal mode), at the resting
+    position in LSP units, never two within 250 ms, none while toggled off; the server counts them."""
+    restart_insert(nv)
+    nv.wait_for("vim.api.nvim_get_mode().mode == 'i'", timeout=10)
+    time.sleep(0.5)
+    before = nv.lua(CURSOR_STATE)["sent"]
+    nv.input("xyz")   # three keystrokes back to back, then a rest
+    nv.wait_for(f"require('rest_lsp.cursor').sent > {before}", timeout=10, what="a cursor report")
+    time.sleep(0.6)
+    s = nv.lua(CURSOR_STATE)
+    assert s["sent"] == before + 1, "one report for the burst"
+    last = s["history"][-1]
+    assert last["uri"].endswith("/calc.py")
+    assert (last["line"], last["character"]) == (BLOCK[0] - 1, BLOCK[1] + 3)
+    nv.input("<Esc>0")   # normal mode, then a move to the line start
+    nv.wait_for(f"require('rest_lsp.cursor').sent > {before + 1}", timeout=10, what="a normal-mode report")
+    time.sleep(0.6)
+    s = nv.lua(CURSOR_STATE)
+    assert (s["history"][-1]["line"], s["history"][-1]["character"]) == (BLOCK[0] - 1, 0)
+    times = [h["at"] for h in s["history"]]
+    assert all(b - a >= 250 for a, b in zip(times, times[1:])), times
+    nv.lua("require('rest_lsp').toggle(false)")
+    try:
+        nv.input("ll")
+        time.sleep(0.6)
+        assert nv.lua(CURSOR_STATE)["sent"] == s["sent"], "no report while completions are off"
+    finally:
+        nv.lua("require('rest_lsp').toggle(true)")
+    # PENDING SERVER SIDE: `totals.cursor_notifications` in rest/stats is added by the server's handler of
+    # rest/cursor (being written concurrently); until it is merged, this assertion fails.
+    sent = nv.lua(CURSOR_STATE)["sent"]
+    deadline = time.monotonic() + 10
+    while server_totals(nv).get("cursor_notifications") != sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server_totals(nv).get("cursor_notifications") == sent, "the server received every report"
+
+
+def test_cursor_rest_is_reported(session):
+    check_cursor_reports(session)
+
+
+@pytest.mark.skipif(not native_neovims(), reason="no Neovim 0.12+ (scripts/test_editors.sh fetches one)")
+def test_native_cursor_rest_is_reported(native_session):
+    check_cursor_reports(native_session)

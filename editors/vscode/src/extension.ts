@@ -10,6 +10,7 @@ import {
   ServerOptions,
   State,
 } from "vscode-languageclient/node";
+import { CURSOR_METHOD, CursorNotifier } from "./cursor";
 import { expandPath, isExecutableFile, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
 import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
 import { formatStatsReport, ServerState, stateDetail, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
@@ -27,6 +28,7 @@ let detail: string | undefined;
 let summary: StatsSummary = {};
 let statsTimer: NodeJS.Timeout | undefined;
 let settings: RestLspSettings;
+let cursor: CursorNotifier;
 
 function currentSettings(): RestLspSettings {
   const cfg = vscode.workspace.getConfiguration(SECTION);
@@ -73,6 +75,25 @@ async function showMissingServer(err: ServerNotFoundError): Promise<void> {
   } else if (choice === "Show Log") {
     output.show();
   }
+}
+
+/** The document's URI as the server knows it, when the running server serves this document. */
+function servedUri(document: vscode.TextDocument): string | undefined {
+  if (!client || client.state !== State.Running) return undefined;
+  if (vscode.languages.match(documentSelector(settings.languages), document) <= 0) return undefined;
+  return client.code2ProtocolConverter.asUri(document.uri);
+}
+
+function cursorMoved(editor: vscode.TextEditor | undefined): void {
+  const uri = editor && servedUri(editor.document);
+  if (uri) cursor.moved(uri, editor.selection.active);
+}
+
+function sendCursor(params: unknown): void {
+  const c = client;
+  if (!c || c.state !== State.Running) return;
+  // A server stopping meanwhile rejects the notification; the report is only a hint, so it is dropped.
+  c.sendNotification(CURSOR_METHOD, params).catch(() => undefined);
 }
 
 async function pollStats(): Promise<void> {
@@ -138,12 +159,15 @@ async function startClient(): Promise<void> {
     return;
   }
   setState("ready");
+  // The editor already open when the server comes up counts as becoming active for this server.
+  cursorMoved(vscode.window.activeTextEditor);
   await pollStats();
   if (statsTimer) clearInterval(statsTimer);
   statsTimer = setInterval(() => void pollStats(), settings.statsIntervalMs);
 }
 
 async function stopClient(): Promise<void> {
+  cursor.cancelAll();
   if (statsTimer) clearInterval(statsTimer);
   statsTimer = undefined;
   const c = client;
@@ -204,6 +228,7 @@ async function onConfigurationChanged(e: vscode.ConfigurationChangeEvent): Promi
   const previous = settings;
   settings = currentSettings();
   render();
+  if (!settings.completionsEnabled) cursor.cancelAll();
   if (RESTART_KEYS.some((k) => e.affectsConfiguration(`${SECTION}.${k}`)) || !client) {
     await restart();
     return;
@@ -219,6 +244,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
   statusItem.command = "restLsp.showStats";
   settings = currentSettings();
+  cursor = new CursorNotifier(sendCursor, () => settings.completionsEnabled);
   context.subscriptions.push(
     output,
     statusItem,
@@ -227,6 +253,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand("restLsp.showStats", showStats),
     vscode.commands.registerCommand("restLsp.toggleCompletions", toggleCompletions),
     vscode.workspace.onDidChangeConfiguration((e) => void onConfigurationChanged(e)),
+    vscode.window.onDidChangeTextEditorSelection((e) => cursorMoved(e.textEditor)),
+    vscode.window.onDidChangeActiveTextEditor(cursorMoved),
+    vscode.workspace.onDidCloseTextDocument((d) => cursor.cancel(client?.code2ProtocolConverter.asUri(d.uri) ?? d.uri.toString())),
     { dispose: () => void stopClient() },
   );
   await startClient();

@@ -47,6 +47,70 @@ test("a missing server: an error naming what was searched, with the README one c
   await ext.deactivate();
 });
 
+test("rest/cursor: sent once the cursor rests 250 ms, once when an editor becomes active, never while toggled off", { timeout: 60_000 }, async () => {
+  // A stand-in server (test/stub-server.ts) logs what the extension sends, with the time it arrived.
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-cursor-"));
+  const log = path.join(tmp, "notifications.jsonl");
+  const server = path.join(tmp, "stub-server");
+  fs.writeFileSync(server, `#!/bin/sh\nexec "${process.execPath}" "${path.join(__dirname, "stub-server.js")}" "$@"\n`, { mode: 0o755 });
+  const settings: Record<string, unknown> = { "server.path": server, "server.env": { STUB_LOG: log }, languages: ["python"] };
+  const { vscode, state } = createFakeVscode(settings, [tmp]);
+  const ext = loadExtension(BUNDLE, vscode);
+  const doc = (file: string, languageId: string) => ({
+    uri: fileUri(path.join(tmp, file)), languageId, version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2,
+  });
+  const cursorReports = () => fs.existsSync(log)
+    ? fs.readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((n) => n.method === "rest/cursor")
+    : [];
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+  try {
+    await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
+    await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"), 20_000);
+    const py = doc("a.py", "python");
+    state.openDocument(py);
+    const activated = Date.now();
+    state.activateEditor(py, 3, 7);
+    await until("the activation report", () => cursorReports().length === 1, 5000);
+    const [first] = cursorReports();
+    assert.deepEqual(first.params, { textDocument: { uri: py.uri.toString() }, position: { line: 3, character: 7 } });
+    assert.ok(first.at - activated >= 240, `reported ${first.at - activated} ms after activation`);
+
+    // Typing: a move every 30 ms for 600 ms is one report, at the last position, after the cursor rested.
+    let lastMove = 0;
+    for (let i = 0; i < 20; i++) {
+      state.moveCursor(4, i);
+      lastMove = Date.now();
+      await sleep(30);
+    }
+    await until("the report after typing", () => cursorReports().length === 2, 5000);
+    await sleep(400);
+    const reports = cursorReports();
+    assert.equal(reports.length, 2, "one report for the whole burst");
+    assert.deepEqual(reports[1].params.position, { line: 4, character: 19 });
+    assert.ok(reports[1].at - lastMove >= 240, `reported ${reports[1].at - lastMove} ms after the last move`);
+
+    // A document the server does not serve (restLsp.languages) is not reported.
+    state.activateEditor(doc("notes.txt", "plaintext"), 0, 1);
+    state.moveCursor(0, 2);
+    // Completions toggled off: neither moves nor activations are reported.
+    state.activateEditor(py, 1, 1);
+    settings["completions.enabled"] = false;
+    state.fireConfigurationChange(["restLsp", "restLsp.completions.enabled"]);
+    state.moveCursor(1, 2);
+    state.activateEditor(py, 1, 3);
+    await sleep(600);
+    assert.equal(cursorReports().length, 2, JSON.stringify(cursorReports().slice(2)));
+    settings["completions.enabled"] = true;
+    state.fireConfigurationChange(["restLsp", "restLsp.completions.enabled"]);
+    state.moveCursor(2, 0);
+    await until("a report once back on", () => cursorReports().length === 3, 5000);
+    assert.deepEqual(cursorReports()[2].params.position, { line: 2, character: 0 });
+  } finally {
+    await ext.deactivate();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
 const missing = fs.existsSync(SERVER) ? undefined : `rest-lsp is not installed at ${SERVER} (run scripts/install.sh)`;
 
 test("activated against the real server: status, inline completions, toggle, settings, statistics", { skip: missing, timeout: 240_000 }, async () => {

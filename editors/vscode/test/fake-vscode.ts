@@ -17,6 +17,10 @@ export interface FakeState {
   statusItem: { text: string; tooltip: string; shown: boolean };
   inlineProviders: Array<{ selector: unknown; provider: any }>;
   openDocument(doc: FakeDocument): void;
+  /** Make an editor for `doc` the active one, its cursor at (line, character). */
+  activateEditor(doc: FakeDocument, line: number, character: number): void;
+  /** Move the cursor of the active editor, as a keystroke or click does. */
+  moveCursor(line: number, character: number): void;
   fireConfigurationChange(keys: string[]): void;
   /** What showErrorMessage answers (a button label), e.g. "Open README". */
   errorChoice?: string;
@@ -82,6 +86,9 @@ class Range {
 export function createFakeVscode(settings: Record<string, unknown>, workspaceFolders: string[]): { vscode: any; state: FakeState } {
   const opened = emitter();
   const configChanged = emitter();
+  const activeEditorChanged = emitter();
+  const selectionChanged = emitter();
+  let activeEditor: { document: FakeDocument; selection: { active: Position; anchor: Position } } | undefined;
   const documents: FakeDocument[] = [];
   const state: FakeState = {
     settings,
@@ -96,6 +103,17 @@ export function createFakeVscode(settings: Record<string, unknown>, workspaceFol
     openDocument(doc) {
       documents.push(doc);
       opened.fire(doc);
+    },
+    activateEditor(doc, line, character) {
+      const at = new Position(line, character);
+      activeEditor = { document: doc, selection: { active: at, anchor: at } };
+      activeEditorChanged.fire(activeEditor);
+    },
+    moveCursor(line, character) {
+      if (!activeEditor) throw new Error("no active editor");
+      const at = new Position(line, character);
+      activeEditor.selection = { active: at, anchor: at };
+      selectionChanged.fire({ textEditor: activeEditor, selections: [activeEditor.selection], kind: 1 });
     },
     fireConfigurationChange(keys) {
       configChanged.fire({ affectsConfiguration: (s: string) => keys.some((k) => k === s || k.startsWith(`${s}.`)) });
@@ -194,10 +212,13 @@ export function createFakeVscode(settings: Record<string, unknown>, workspaceFol
           },
           showInformationMessage: async () => undefined,
           setStatusBarMessage: none,
-          onDidChangeActiveTextEditor: none,
+          onDidChangeActiveTextEditor: activeEditorChanged.event,
+          onDidChangeTextEditorSelection: selectionChanged.event,
           onDidChangeVisibleTextEditors: none,
           visibleTextEditors: [],
-          activeTextEditor: undefined,
+          get activeTextEditor() {
+            return activeEditor;
+          },
         },
         "window",
       ),

@@ -4,6 +4,7 @@
 --   require('rest_lsp').setup({ init_options = { model = '/path/to/model' } })
 local util = require('rest_lsp.util')
 local ghost = require('rest_lsp.ghost')
+local cursor = require('rest_lsp.cursor')
 
 local api = vim.api
 local M = {}
@@ -121,6 +122,7 @@ local function on_attach(client, bufnr)
   else
     ghost.attach(bufnr, client.id)
   end
+  cursor.attach(bufnr)
   set_keymaps(bufnr)
 end
 
@@ -205,6 +207,7 @@ function M.show_stats()
       return
     end
     local lines = util.format_stats(stats)
+    table.insert(lines, string.format('neovim client: %d cursor reports (rest/cursor)', cursor.sent))
     if not native() then
       local c = ghost.counters
       table.insert(lines, string.format('neovim client: %d requests, %d replies, %d stale dropped, %d shown, %d accepted',
@@ -229,6 +232,9 @@ function M.toggle(on)
     on = not M.enabled
   end
   M.enabled = on
+  if not on then
+    cursor.cancel_all()
+  end
   if native() then
     vim.lsp.inline_completion.enable(on)
   else
@@ -284,6 +290,12 @@ function M.setup(opts)
     M.config.keymaps = {}
   end
   ghost.configure({ debounce_ms = M.config.debounce_ms, hl_group = M.config.hl_group })
+  cursor.configure({
+    enabled = function()
+      return M.enabled
+    end,
+    client = M.client,
+  })
   vim.cmd('highlight default link RestLspGhost Comment')
 
   api.nvim_create_user_command('RestLspStats', M.show_stats, { desc = 'rest-lsp: show rest/stats' })

@@ -15,6 +15,13 @@ function M.request(client, method, params, handler, bufnr)
   return client.request(method, params, handler, bufnr)
 end
 
+function M.notify(client, method, params)
+  if colon then
+    return client:notify(method, params)
+  end
+  return client.notify(method, params)
+end
+
 function M.cancel_request(client, id)
   if colon then
     return client:cancel_request(id)
