@@ -100,7 +100,8 @@ local function fmt_value(v)
   elseif type(v) == 'table' then
     return vim.inspect(v, { newline = ' ', indent = '' })
   end
-  return tostring(v)
+  -- one buffer line each: a value with line breaks (a completion's raw text) shows them escaped
+  return (tostring(v):gsub('\n', '\\n'))
 end
 
 local function sorted_keys(t)
