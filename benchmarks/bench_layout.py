@@ -44,8 +44,9 @@ def cases(root: Path, limit: int, seed: int) -> list[dict]:
                     cols.append(rng.randint(indent + 2, len(line) - 3))
                 for col in cols:
                     doc = "\n".join(lines[:i] + [line[:col]] + lines[last + 1:])
+                    body_start = len("\n".join(lines[:first])) + 1 if first else 0
                     out.append({"file": path.name, "line": i, "col": col, "doc": doc, "target": line[col:].rstrip(),
-                                "at": "line start" if col == indent else "mid-line"})
+                                "at": "line start" if col == indent else "mid-line", "body_start": body_start})
     rng.shuffle(out)
     return out[:limit]
 
@@ -75,8 +76,10 @@ def run(args) -> dict:
     for k, case in enumerate(todo):
         ctx = build_context(case["doc"], case["line"], case["col"])
         for lay in layouts:
-            c = replace(cfg, layout=lay)
-            r = backend.start(f"case{k}", ctx, c)
+            # line@body: the middle holds the body typed so far (the prompt the daemon builds while a body is
+            # typed top-down), not only the cursor line
+            c = replace(cfg, layout=lay.split("@")[0])
+            r = backend.start(f"case{k}", ctx, c, anchor=case["body_start"] if lay.endswith("@body") else None)
             while not r.done:
                 backend.advance(r)
             shown = shape_completion(r.text, ctx, max_lines=1, truncated=False)

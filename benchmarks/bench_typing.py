@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -46,6 +47,7 @@ from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_fil
 DEBOUNCE_S = 0.150
 CURSOR_REST_S = 0.250
 WORD = re.compile(r"\w")
+_ids = itertools.count()
 
 
 def pct(xs, p):
@@ -156,14 +158,19 @@ class Editor:
         self.server.client.protocol.notify("rest/cursor", {"textDocument": {"uri": self.uri},
                                                            "position": {"line": line, "character": col}})
 
-    def request(self, line: int, col: int):
+    def request(self, line: int, col: int, msg_id: str):
         params = types.InlineCompletionParams(
             context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
             text_document=types.TextDocumentIdentifier(uri=self.uri), position=types.Position(line, col))
-        return self.server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params)
+        return self.server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                                               msg_id=msg_id)
+
+    def cancel(self, msg_id: str) -> None:
+        self.server.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
 
 
-async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict) -> None:
+async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict,
+                    trace: list | None = None) -> None:
     line, col = body.line, body.indent
     ed.cursor(line, col)
     await asyncio.sleep(1.0)  # the person moved here and starts typing
@@ -196,18 +203,28 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         shown: dict = {}
         sent: list = []
 
-        async def ask(at_line=line, at_col=col, version=version, shown=shown, sent=sent):
+        async def ask(at_line=line, at_col=col, version=version, shown=shown, sent=sent, at=i):
             await asyncio.sleep(DEBOUNCE_S)
             tally["pauses"] += 1
             t0 = time.perf_counter()
-            sent.append(asyncio.ensure_future(ed.request(at_line, at_col)))
+            msg_id = f"c{next(_ids)}"
+            sent.append((msg_id, asyncio.ensure_future(ed.request(at_line, at_col, msg_id))))
             try:
-                result = await asyncio.shield(sent[0])  # the client decides whether to cancel it (below)
+                result = await asyncio.shield(sent[0][1])  # the client decides whether to cancel it (below)
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - cancelled by the next key
                 return
             items = getattr(result, "items", None) or []
-            if ed.version == version and items and items[0].insert_text:
-                shown.update(text=items[0].insert_text, latency=(time.perf_counter() - t0) * 1000)
+            ms = (time.perf_counter() - t0) * 1000
+            if ed.version != version:
+                tally["late"] += 1
+            elif items and items[0].insert_text:
+                shown.update(text=items[0].insert_text, latency=ms)
+            else:
+                tally["empty"] += 1
+            if trace is not None:
+                trace.append({"at": ed.lines[at_line][:at_col][-40:], "coming": text[at:at + 40],
+                              "answer": items[0].insert_text if items else None, "ms": round(ms),
+                              "late": ed.version != version})
 
         async def rest_cursor(at_line=line, at_col=col):
             await asyncio.sleep(CURSOR_REST_S)
@@ -224,8 +241,8 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         for t in tasks:
             if not t.done():
                 t.cancel()
-        if cancel and sent and not sent[0].done():
-            sent[0].cancel()  # pygls sends $/cancelRequest
+        if cancel and sent and not sent[0][1].done():
+            ed.cancel(sent[0][0])  # $/cancelRequest: the reply (RequestCancelled) is ignored
         await asyncio.sleep(0)
     tally["typeable"] += sum(body.typed_mask)
 
@@ -241,7 +258,9 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
     rng = random.Random(args.seed)
-    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": []}
+    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": [],
+             "late": 0, "empty": 0}
+    trace: list | None = [] if args.trace else None
     cpu0 = server.cpu_seconds()
     t_typing = time.perf_counter()
     n = 0
@@ -250,7 +269,7 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
         for body in bodies:
             if n >= args.limit:
                 break
-            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally)
+            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally, trace)
             n += 1
             print(f"[{name}] body {n}: typed {tally['typed']}, accepted {tally['accepted']}, pauses {tally['pauses']}, "
                   f"shown {tally['shown']}", file=sys.stderr)
@@ -263,7 +282,8 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
     chars = tally["typed"] + tally["accepted"]
     return {
         "options": options, "bodies": n, "ready_s": round(ready_s, 1), "typing_s": round(typing_s, 1),
-        "pauses": tally["pauses"], "shown": tally["shown"],
+        "pauses": tally["pauses"], "shown": tally["shown"], "answered_empty": tally["empty"],
+        "answered_after_the_next_key": tally["late"], "trace": trace,
         "shown_rate": round(tally["shown"] / tally["pauses"], 3) if tally["pauses"] else None,
         "shown_latency_ms_p50": pct(lat, 50), "shown_latency_ms_p95": pct(lat, 95),
         "shown_latency_ms_mean": round(statistics.mean(lat), 1) if lat else None,
@@ -334,6 +354,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")
     p.add_argument("--set", action="append", default=[], help="a server setting for every method, KEY=VALUE")
     p.add_argument("--keep", action="store_true", help="keep the workspace and the server logs")
+    p.add_argument("--trace", action="store_true", help="every pause's text, answer and latency in the JSON")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     report = asyncio.run(main_async(args))

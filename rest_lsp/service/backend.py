@@ -142,26 +142,20 @@ class EngineBackend:
         return self.loaded.tokenizer.decode(list(ids))
 
     # -- runs (the service drives them one forward at a time on the inference thread) ----------------
-    def prompt_parts(self, ctx: CompletionContext, config: ServerConfig) -> PromptParts:
+    def prompt_parts(self, ctx: CompletionContext, config: ServerConfig, anchor: int | None = None) -> PromptParts:
         max_prefix, max_suffix = prompt_windows(config, self.loaded.device.type)
         orders = tuple(getattr(self.loaded.fim, "orders", ("psm",)) or ("psm",))
-        return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix)
-
-    def prompt(self, ctx: CompletionContext, config: ServerConfig) -> list[int]:
-        """The prompt's token ids for the cursor of ctx, in the configured layout (rest_lsp/service/layout.py)."""
-        parts = self.prompt_parts(ctx, config)
-        return self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle,
-                                        max_new_tokens=config.max_tokens)
+        return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix, anchor)
 
     def start(self, key: str, ctx: CompletionContext, config: ServerConfig, *, purpose: str = "predict",
-              temperature: float = 0.0, seed: int | None = None) -> CompletionRun:
+              temperature: float = 0.0, seed: int | None = None, anchor: int | None = None) -> CompletionRun:
         """purpose: "warm" computes the prompt only (in small chunks, so a completion pre-empts it soon);
         "predict" decodes greedily past the cursor's line to the end of its block (what the next pauses show);
         "sample" is the same at a temperature (an Invoked request's alternatives)."""
         from rest_lsp.engine.generate import GenerationConfig
 
         self.config_seen = config
-        parts = self.prompt_parts(ctx, config)
+        parts = self.prompt_parts(ctx, config, anchor)
         prompt = self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle,
                                           max_new_tokens=config.max_tokens)
         if purpose == "warm":

@@ -52,8 +52,13 @@ def resolve_layout(layout: str, orders: tuple[str, ...] = ("psm",)) -> str:
     return layout
 
 
-def prompt_parts(ctx: CompletionContext, layout: str, max_prefix_chars: int, max_suffix_chars: int) -> PromptParts:
-    """The prompt's text parts for the cursor of `ctx` (layout: psm, line or spm, already resolved)."""
+def prompt_parts(ctx: CompletionContext, layout: str, max_prefix_chars: int, max_suffix_chars: int,
+                 anchor: int | None = None) -> PromptParts:
+    """The prompt's text parts for the cursor of `ctx` (layout: psm, line or spm, already resolved).
+
+    anchor (line): the offset in ctx.prefix of a line start above the cursor where the middle begins (the
+    lines typed since stay in the middle, so a new line costs no recomputation of the suffix); None or
+    outside the prompt window: the cursor line's start."""
     window = ctx.prompt_prefix(max_prefix_chars)
     suffix = ctx.prompt_suffix(max_suffix_chars)
     if layout == "psm":
@@ -61,6 +66,9 @@ def prompt_parts(ctx: CompletionContext, layout: str, max_prefix_chars: int, max
     if layout == "spm":
         return PromptParts(window, suffix, "", "spm")
     nl = window.rfind("\n")
+    start = len(ctx.prefix) - len(window)
+    if anchor is not None and start <= anchor <= start + nl + 1 and (anchor == 0 or ctx.prefix[anchor - 1] == "\n"):
+        nl = anchor - start - 1
     lines, middle = window[: nl + 1], window[nl + 1 :]
     m = _OPEN_END.search(middle)
     cut = m.start() if m else len(middle)
