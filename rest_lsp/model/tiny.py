@@ -1,16 +1,26 @@
-"""A tiny random causal LM with a real trained tokenizer, for tests and offline demos.
+"""Tiny random causal LMs with real trained tokenizers, for tests and offline demos.
 
 Tests everywhere (engine, daemon, editors) need a model directory that loads like any Hugging Face
-checkpoint but builds in a second without a download. The tokenizer is a byte-level BPE trained on a
-few standard-library sources and carries Qwen2.5-Coder's FIM special tokens, so prompt-format code
-paths run unchanged. The weights are random: outputs are deterministic but meaningless.
+checkpoint but builds in a second without a download. Two families:
 
-    python -m rest_lsp.model.tiny DIR [--seed N]
+- `make_tiny_model_dir`: Qwen2 architecture, a byte-level BPE carrying Qwen2.5-Coder's FIM tokens.
+- `make_tiny_codellama_dir`: Llama architecture laid out as CodeLlama-7B's checkpoint is: a SentencePiece-
+  style BPE (dummy-prefix space, byte fallback, bos added) in a 32,016-id vocabulary with CodeLlama's 16
+  extra pieces at 32000-32015 (`▁<PRE>` 32007, `▁<SUF>` 32008, `▁<MID>` 32009, `▁<EOT>` 32010), a
+  `tokenizer.json` as the hub ships it (legacy normalizer, no `<FILL_ME>`) and `tokenizer_class`
+  CodeLlamaTokenizer, so transformers loads it as it loads the real one (Metaspace, `<FILL_ME>` added
+  at 32016: one id past the model's embedding).
+
+The tokenizers are trained on a few standard-library sources; the weights are random, so outputs are
+deterministic but meaningless.
+
+    python -m rest_lsp.model.tiny DIR [--seed N] [--family qwen|codellama]
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"]
@@ -77,12 +87,98 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, vocab_size: int = 51
     return path
 
 
+# ---------------------------------------------------------------------------------------- CodeLlama
+CODELLAMA_VOCAB = 32016
+# the 16 pieces CodeLlama's SentencePiece model has past Llama 2's 32,000 (the infill tokens at 32007-32010)
+CODELLAMA_EXTRA = ("▁<SU", "▁<SUF", "▁<PRE", "▁<M", "▁<MID", "▁<E", "▁<EOT", "▁<PRE>", "▁<SUF>", "▁<MID>",
+                   "▁<EOT>") + tuple("▁" + "<EOT>" * n for n in range(2, 7))
+CODELLAMA_SPECIAL = ("▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>")
+
+
+def _codellama_vocab(pieces: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab, merges): Llama's layout (<unk> <s> </s>, the 256 byte-fallback tokens, the learned pieces),
+    unused fillers up to 32,000, then CodeLlama's extra pieces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=pieces, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    # line by line: newlines stay out of the pieces (they are byte-fallback <0x0A>, as in Llama's vocabulary)
+    tok.train_from_iterator([line for text in _training_text() for line in text.split("\n")], trainer=trainer)
+    trained = json.loads(tok.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in trained["vocab"]:
+        vocab.setdefault(piece, len(vocab))
+    filler = 0
+    while len(vocab) < CODELLAMA_VOCAB - len(CODELLAMA_EXTRA):
+        vocab[f"<unused{filler}>"] = len(vocab)
+        filler += 1
+    for piece in CODELLAMA_EXTRA:
+        vocab[piece] = len(vocab)
+    return vocab, [tuple(m) for m in trained["merges"]]
+
+
+def train_codellama_tokenizer(pieces: int = 800):
+    """A CodeLlama-layout tokenizer (transformers' CodeLlamaTokenizer over a trained BPE)."""
+    from transformers import CodeLlamaTokenizer
+
+    vocab, merges = _codellama_vocab(pieces)
+    return CodeLlamaTokenizer(vocab=vocab, merges=merges)
+
+
+def _hub_style_tokenizer_json(path: Path) -> None:
+    """Rewrite tokenizer.json as CodeLlama's hub checkpoint ships it (written by transformers 4): the
+    SentencePiece normalizer (Prepend + Replace) instead of Metaspace, and no `<FILL_ME>` added token."""
+    f = path / "tokenizer.json"
+    data = json.loads(f.read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<FILL_ME>"]
+    data["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    data["pre_tokenizer"] = None
+    f.write_text(json.dumps(data, ensure_ascii=False))
+
+
+def make_tiny_codellama_dir(path: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """Write a loadable CodeLlama-layout model directory (Llama architecture, 32,016-row embedding)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_codellama_tokenizer()
+    config = LlamaConfig(vocab_size=CODELLAMA_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, rope_theta=1_000_000.0, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    # Random weights spread the argmax over every row; keep it on the learned pieces and the newline so that
+    # greedy output is text the drafts can match (fillers, bytes, <s>, </s> and the infill markers are never
+    # chosen: tests that need an end token give it a row of their own)
+    vocab = tokenizer.get_vocab()
+    text_ids = [i for t, i in vocab.items() if i < CODELLAMA_VOCAB and (
+        t == "<0x0A>" or not (t.startswith("<") and t.endswith(">")) and i > 258)]
+    keep = torch.zeros(CODELLAMA_VOCAB, dtype=torch.bool)
+    keep[text_ids] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0.0
+    model.generation_config.eos_token_id = 2
+    model.generation_config.bos_token_id = 1
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    _hub_style_tokenizer_json(path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("qwen", "codellama"), default="qwen")
     args = parser.parse_args(argv)
-    print(make_tiny_model_dir(args.dir, seed=args.seed))
+    make = make_tiny_codellama_dir if args.family == "codellama" else make_tiny_model_dir
+    print(make(args.dir, seed=args.seed))
 
 
 if __name__ == "__main__":
