@@ -1,7 +1,10 @@
 """`rest-index`: build, query, inspect and watch a datastore.
 
-    rest-index build ROOT... --out DIR [--tokenizer NAME_OR_PATH] [--json]
-    rest-index build --corpus-from-env --out DIR
+    rest-index build ROOT... --out DIR [--tokenizer MODEL] [--json]
+    rest-index build --corpus-from-env --out DIR --tokenizer MODEL
+
+MODEL is the model the datastore is for: a model directory, a .gguf file or a hub id (resolved as rest-lsp
+loads that model's tokenizer), a tokenizer.json, or "embedded" (the default model, also the default here).
     rest-index query DIR (--text TEXT | --tokens 1,2,3) [--k K] [--json]
     rest-index stats DIR --json
     rest-index watch ROOT... --out DIR
@@ -62,7 +65,8 @@ def cmd_build(args) -> int:
     if args.json:
         print(json.dumps(rep))
     else:
-        print(f"{rep['out']}: {rep['documents']} documents, {rep['tokens']:,} tokens in {rep['shards']} shard(s), "
+        print(f"{rep['out']}: {rep['documents']} documents, {rep['tokens']:,} tokens in {rep['shards']} shard(s) "
+              f"in the tokenizer of {rep['tokenizer']['name']} ({rep['tokenizer']['vocab_size']:,} ids), "
               f"{rep['bytes_on_disk'] / 1e6:.1f} MB ({rep['bytes_per_token']} bytes/token); "
               f"{rep['seconds']:.1f} s (tokenize {rep['tokenize_s']:.1f} s, sort {rep['sort_s']:.1f} s)")
         if rep["skipped"]:
@@ -129,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a datastore from files")
     b.add_argument("roots", nargs="*", type=Path)
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--tokenizer", help="tokenizer.json, model directory or hub id (default: the embedded model's)")
+    b.add_argument("--tokenizer", default="embedded", metavar="MODEL",
+                   help="the model whose tokenizer the datastore uses: a model directory, .gguf file, hub id or "
+                        "tokenizer.json; 'embedded' (the default) is the embedded Qwen2.5-Coder model")
     b.add_argument("--corpus-from-env", action="store_true",
                    help="index the Python standard library and this environment's site-packages")
     b.add_argument("--max-tokens", type=int, help="stop adding documents past this many tokens")
@@ -162,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="keep a datastore current while files change")
     w.add_argument("roots", nargs="+", type=Path)
     w.add_argument("--out", required=True, type=Path)
-    w.add_argument("--tokenizer")
+    w.add_argument("--tokenizer", default="embedded", metavar="MODEL", help="as for build")
     w.add_argument("--debounce-ms", type=float, default=200.0)
     w.add_argument("--quiet", action="store_true")
     _add_filter_args(w)

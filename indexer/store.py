@@ -198,9 +198,11 @@ class Datastore:
     def tokenizer(self):
         """The store's tokenizer (loaded on first use from what the manifest names)."""
         if self._tokenizer is None:
-            from .tokenizer import load_tokenizer
+            from .tokenizer import EMBEDDED_NAME, load_tokenizer
 
             src = self._manifest.get("tokenizer_source")
+            if src is None and self._manifest["tokenizer"].get("name") == EMBEDDED_NAME:
+                src = "embedded"  # stores built before sources were always recorded
             tok = load_tokenizer(src)
             _, fp = _fingerprint_of(tok)
             from .tokenizer import same_vocabulary

@@ -171,6 +171,89 @@ def make_tiny_codellama_dir(path: str | Path, *, seed: int = 0, layers: int = 2,
     return path
 
 
+_GGUF_LEAVES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def write_llama_gguf(model_dir: str | Path, out: str | Path) -> Path:
+    """Write a Llama-architecture model directory (e.g. `make_tiny_codellama_dir`'s) as an F32 GGUF file with
+    llama.cpp's tensor names, q/k layout and tokenizer metadata, which transformers loads back to the same
+    weights and vocabulary: a real `.gguf` for tests of that way of naming a model."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    model_dir, out = Path(model_dir), Path(out)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    tokens = [""] * len(tok["model"]["vocab"])
+    for piece, i in tok["model"]["vocab"].items():
+        tokens[i] = piece
+    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
+    # llama.cpp token types: 1 normal, 2 unknown, 3 control, 6 byte
+    types = [2 if i == 0 else 3 if i in special else 6 if t.startswith("<0x") and len(t) == 6 else 1
+             for i, t in enumerate(tokens)]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 1e4)))
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([float(-i) for i in range(len(tokens))])
+    w.add_token_types(types)
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+    def rope_layout(x, n):  # llama.cpp interleaves q/k rotary halves; transformers undoes it on load
+        return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    for name, a in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        a = a.astype(np.float32)
+        if name not in top:
+            parts = name.split(".")   # model.layers.N.<module path>.weight
+            leaf = ".".join(parts[3:-1])
+            a = rope_layout(a, heads) if leaf == "self_attn.q_proj" else \
+                rope_layout(a, kv_heads) if leaf == "self_attn.k_proj" else a
+        w.add_tensor(top.get(name) or f"blk.{parts[2]}.{_GGUF_LEAVES[leaf]}.weight", np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def install_in_hub_cache(model_dir: str | Path, hub_cache: str | Path, repo_id: str) -> Path:
+    """Lay a model directory out as the Hugging Face hub cache holds a downloaded repository
+    (`models--org--name/refs/main` naming a snapshot), so that with HF_HUB_OFFLINE=1 and HF_HUB_CACHE set the
+    hub id `repo_id` resolves without a network. Returns the snapshot directory."""
+    import hashlib
+    import shutil
+
+    model_dir = Path(model_dir)
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    if snapshot.exists():
+        shutil.rmtree(snapshot)
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir")
