@@ -12,6 +12,7 @@ No torch is imported here: transformers, where needed, runs in a child process.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -40,14 +41,20 @@ def load_tokenizer(name_or_path):
         raise IndexerError("no tokenizer given: a datastore must use the model's own tokenizer; name it (a model "
                            "directory, .gguf file, hub id, tokenizer.json, or 'embedded' for the default model)")
     if not isinstance(name_or_path, (str, os.PathLike)):
-        return _tag(as_fast_tokenizer(name_or_path), tokenizer_name(name_or_path), None)
+        fast = as_fast_tokenizer(name_or_path)
+        if fast is name_or_path and getattr(fast, "_rest_name", None):
+            return fast   # tagged already (detached_copy, or loaded here): keep its name and source
+        return _tag(fast, tokenizer_name(name_or_path), tokenizer_source(name_or_path))
     if str(name_or_path).strip() in (EMBEDDED_NAME, "embedded"):
         try:
             from . import embedded
         except ImportError as e:  # pragma: no cover - depends on the model host's part
             raise IndexerError(f"the embedded tokenizer is not available ({e}); pass --tokenizer") from e
-        d = Path(embedded.tokenizer_dir())
-        return _tag(Tokenizer.from_file(str(d / "tokenizer.json")), EMBEDDED_NAME, "embedded")
+        from .model_tokenizer import model_tokenizer_json
+
+        # the tokenizer files extracted from the GGUF, loaded as the host loads them (Qwen2's NFC normalizer)
+        f = model_tokenizer_json("dir", embedded.tokenizer_dir())
+        return _tag(Tokenizer.from_file(str(f)), EMBEDDED_NAME, "embedded")
     from .model_tokenizer import model_tokenizer_json
 
     p = Path(name_or_path).expanduser()
@@ -121,8 +128,12 @@ _FP_CACHE: dict[int, tuple[Any, dict]] = {}
 
 
 def fingerprint(tok: Any) -> dict:
-    """{"name", "vocab_hash", "vocab_size"}: vocab_hash is a sha256 over the sorted (token, id) pairs
-    including added tokens, so the same vocabulary loaded two ways (tokenizer.json, transformers) agrees."""
+    """{"name", "vocab_hash", "vocab_size", "encoding_hash"}: vocab_hash is a sha256 over the sorted (token,
+    id) pairs including added tokens, so the same vocabulary loaded two ways (tokenizer.json, transformers)
+    agrees; encoding_hash covers what else decides the ids of a text (normalizer, pre-tokenizer, the model's
+    merges and settings, how added tokens match). One vocabulary can encode text two ways: transformers 5 loads
+    a Qwen2 tokenizer.json with Qwen's split regex and NFC, CodeLlama's with Metaspace instead of its file's
+    normalizer, and a store in the other encoding would never match the prompt's ids."""
     key = id(tok)
     hit = _FP_CACHE.get(key)
     if hit is not None and hit[0] is tok:
@@ -135,13 +146,28 @@ def fingerprint(tok: Any) -> dict:
         h.update(t.encode("utf-8", "surrogatepass"))
         h.update(b"\0")
     size = max(fast.get_vocab_size(with_added_tokens=True), (max(vocab.values()) + 1) if vocab else 0)
-    fp = {"name": tokenizer_name(tok), "vocab_hash": h.hexdigest(), "vocab_size": int(size)}
+    fp = {"name": tokenizer_name(tok), "vocab_hash": h.hexdigest(), "vocab_size": int(size),
+          "encoding_hash": _encoding_hash(fast)}
     _FP_CACHE[key] = (tok, fp)
     return dict(fp)
 
 
+def _encoding_hash(fast) -> str:
+    spec = json.loads(fast.to_str())
+    model = {k: v for k, v in (spec.get("model") or {}).items() if k != "vocab"}   # the vocabulary: vocab_hash
+    added = [{k: t.get(k) for k in ("id", "content", "special", "normalized", "lstrip", "rstrip", "single_word")}
+             for t in spec.get("added_tokens") or []]
+    canon = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer"), "model": model,
+             "added_tokens": added}
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
 def same_vocabulary(a: dict, b: dict) -> bool:
-    return a.get("vocab_hash") == b.get("vocab_hash") and a.get("vocab_size") == b.get("vocab_size")
+    """The same vocabulary, and the same encoding where both fingerprints record it (stores built before
+    encoding_hash existed are checked by vocabulary alone)."""
+    if a.get("vocab_hash") != b.get("vocab_hash") or a.get("vocab_size") != b.get("vocab_size"):
+        return False
+    return not (a.get("encoding_hash") and b.get("encoding_hash")) or a["encoding_hash"] == b["encoding_hash"]
 
 
 def encode_batch(tok: Any, texts: list[str]) -> list[list[int]]:

@@ -112,3 +112,27 @@ def test_the_embedded_models_datastore_tokenizer_is_the_models():
 
     model_tok = AutoTokenizer.from_pretrained(str(embedded_model_dir()))
     assert fingerprint(load_tokenizer("embedded"))["vocab_hash"] == fingerprint(model_tok)["vocab_hash"]
+
+
+def test_one_vocabulary_encoded_another_way_is_refused(named, codellama_tokenizer, tmp_path):
+    """CodeLlama's hub tokenizer.json with `<FILL_ME>` added has transformers' vocabulary, but its SentencePiece
+    normalizer puts a dummy space before text that starts with a space, where the model's Metaspace does not:
+    the same vocabulary hash, other ids for the same text."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from indexer.manifest import read_manifest, write_manifest
+    from indexer.store import Datastore
+
+    names, ws, *_ = named
+    raw = Tokenizer.from_file(str(Path(names["dir"]) / "tokenizer.json"))
+    raw.add_special_tokens([AddedToken("<FILL_ME>", special=True, normalized=False)])
+    assert fingerprint(raw)["vocab_hash"] == fingerprint(codellama_tokenizer)["vocab_hash"]
+    assert raw.encode("  x").ids != codellama_tokenizer.encode("  x", add_special_tokens=False)
+    Datastore.build([ws], tmp_path / "raw", tokenizer=raw).close()
+    with pytest.raises(TokenizerMismatch, match="another encoding"):
+        Datastore.open(tmp_path / "raw", tokenizer=codellama_tokenizer)
+    # a store written before fingerprints had encoding_hash is checked by its vocabulary alone
+    m = read_manifest(tmp_path / "raw")
+    del m["tokenizer"]["encoding_hash"]
+    write_manifest(tmp_path / "raw", m)
+    Datastore.open(tmp_path / "raw", tokenizer=codellama_tokenizer).close()
