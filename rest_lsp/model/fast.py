@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import KVState, kept_slots
 
-KINDS = ("auto", "eager", "packed", "screened", "compiled")
+KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 SUPPORTED_ARCHS = ("qwen2", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
@@ -423,8 +423,9 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     """A `Verifier` for a LoadedModel (rest_lsp.model.host) or a bare HF model.
 
     kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
-    projection), "compiled", or "auto": screened where the CPU has native bf16 dot products, else packed;
-    eager where neither supports the model (architecture, int8 dynamic quantization, a GPU)."""
+    projection), "compiled", "static" (rest_lsp/model/static.py: the GPU verifier, any device), or "auto":
+    on a GPU static; on the CPU screened where it has native bf16 dot products, else packed; eager where
+    none supports the model (architecture, int8 dynamic quantization)."""
     from rest_lsp.engine.verifier import HFVerifier
 
     if kind not in KINDS:
@@ -432,6 +433,16 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     model = loaded if isinstance(loaded, torch.nn.Module) else loaded.model
     if kind == "eager":
         return HFVerifier(model)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if kind == "static" or (kind == "auto" and not on_cpu):
+        from rest_lsp.model import static
+
+        try:
+            return static.StaticVerifier(model, max_len=max_len)
+        except static.UnsupportedModel:
+            if kind == "static":
+                raise
+            return HFVerifier(model)
     if kind == "auto":
         try:
             return FastVerifier(model, max_len=max_len, screen=cpu_has_bf16(), **kwargs)
