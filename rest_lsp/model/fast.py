@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.verifier import KVState, kept_slots
+from rest_lsp.engine.verifier import SlotCache
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 SUPPORTED_ARCHS = ("qwen2", "llama")
@@ -265,7 +265,7 @@ class StaticLM(torch.nn.Module):
         return self.head(self.hidden(tokens, positions, slots, mask, cache)).float()  # [q, V]
 
 
-class FastVerifier:
+class FastVerifier(SlotCache):
     """The `Verifier` protocol over `StaticLM`: packed eager forward, or compiled per q bucket.
 
     forward(tokens [q], depths [q], tree_mask [q, q]) -> logits [q, V] float32, appending q cache entries;
@@ -329,33 +329,6 @@ class FastVerifier:
         self.past_len = past + q
         self._last_q = q
         return logits
-
-    @torch.inference_mode()
-    def keep(self, indices: Sequence[int]) -> None:
-        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
-        if src is not None:  # a chain prefix is already in place
-            cache = self.cache  # [L, 2, nkv, max_len, hd]
-            cache[:, :, :, base : base + len(idx)] = cache.index_select(3, src)
-        self.past_len = base + len(idx)
-        self._last_q = 0
-
-    def truncate(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"truncate: n must be >= 0, got {n}")
-        self.past_len = min(n, self.past_len)  # slots beyond past_len are never attended, only overwritten
-        self._last_q = 0
-
-    def export_state(self) -> KVState:
-        data = self.cache[:, :, :, : self.past_len].clone()  # [L, 2, nkv, n, hd]
-        return KVState(self.past_len, data.nbytes, data)
-
-    def import_state(self, state: KVState) -> None:
-        n = state.length
-        if n > self.max_len:
-            raise ValueError(f"import_state: {n} entries do not fit a {self.max_len}-entry cache")
-        self.cache[:, :, :, :n].copy_(state.data)
-        self.past_len = n
-        self._last_q = 0
 
     # ------------------------------------------------------------------ compiled buckets
     def _compiled_forward(self, bucket: int, tokens, positions, tree_mask, cache=None) -> torch.Tensor:

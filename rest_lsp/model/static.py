@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.verifier import KVState, kept_slots
+from rest_lsp.engine.verifier import SlotCache
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
 
@@ -72,7 +72,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat([-x[..., h:], x[..., :h]], dim=-1) * sin
 
 
-class StaticVerifier:
+class StaticVerifier(SlotCache):
     """The `Verifier` protocol over the HF model's own modules (no weight copies), see the module docstring.
 
     rows: the fixed piece size (default 64 on CUDA, 8 elsewhere); max_len: positions the cache holds (the
@@ -220,30 +220,3 @@ class StaticVerifier:
         self._last_q = q
         logits = torch.cat(out) if len(out) > 1 else out[0]
         return logits if rows is None else logits[torch.as_tensor(list(rows), dtype=torch.long, device=dev)]
-
-    @torch.inference_mode()
-    def keep(self, indices: Sequence[int]) -> None:
-        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
-        if src is not None:   # a chain prefix is already in place
-            src = src.to(self.device)
-            self.cache[:, :, :, base:base + len(idx)] = self.cache.index_select(3, src)
-        self.past_len = base + len(idx)
-        self._last_q = 0
-
-    def truncate(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"truncate: n must be >= 0, got {n}")
-        self.past_len = min(n, self.past_len)   # slots beyond past_len are never attended, only overwritten
-        self._last_q = 0
-
-    def export_state(self) -> KVState:
-        data = self.cache[:, :, :, :self.past_len].clone()
-        return KVState(self.past_len, data.nbytes, data)
-
-    def import_state(self, state: KVState) -> None:
-        n = state.length
-        if n > self.max_len:
-            raise ValueError(f"import_state: {n} entries do not fit a {self.max_len}-entry cache")
-        self.cache[:, :, :, :n].copy_(state.data)
-        self.past_len = n
-        self._last_q = 0
