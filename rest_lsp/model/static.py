@@ -12,9 +12,10 @@ ancestors' keys interleaved with its siblings' masked ones, where plain decoding
 difference moves a near-tie argmax, and the KV cache a step leaves behind differs from plain decoding's. So:
 - every forward runs as pieces of exactly `rows` rows (the last one padded): every product has one shape,
   and a row's result does not depend on the other rows (tests/model/test_static.py checks bit equality);
-- attention runs in float64 over a float64 KV cache (an exact copy of the model-dtype keys and values):
-  whatever the summation order, results agree to ~1e-16, far below the rounding to the model's dtype that
-  follows, so tree rows and plain rows round to the same values.
+- attention runs in float64 (from the model-dtype queries, keys and values, an exact upcast): whatever the
+  summation order, results agree to ~1e-16, far below the rounding to the model's dtype that follows, so tree
+  rows and plain rows round to the same values. The cache stays in the model's dtype (a 7B model's 4,096
+  positions: 2 GiB in bf16, 8 GiB had it been kept in float64); each layer's attended span is upcast as read.
 On a GPU a 64-row piece of a 7B model costs about what one row costs (memory-bound: every weight is read
 once either way), which `benchmarks/gpu_check.sh` measures as c(q); prompt chunks pay ceil(q / rows) pieces.
 
@@ -105,9 +106,8 @@ class StaticVerifier(SlotCache):
             pos = torch.arange(self.capacity, device=self.device)[None]
             cos, sin = model.model.rotary_emb(model.model.embed_tokens.weight[:1][None], pos)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)   # [capacity, hd]
-        # keys and values as the attention reads them: float64 copies of the model-dtype values
         self.cache = torch.zeros(len(self.layers), 2, self.n_kv, self.capacity, self.head_dim,
-                                 dtype=attention_dtype, device=self.device)
+                                 dtype=self.dtype, device=self.device)
         self.span_step = span_step
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         if self.graphs and self.device.type != "cuda":
@@ -134,10 +134,11 @@ class StaticVerifier(SlotCache):
             k = _rope(a.k_proj(h).view(r, nkv, hd).transpose(0, 1), cos, sin)
             v = a.v_proj(h).view(r, nkv, hd).transpose(0, 1)
             kv = self.cache[i]   # [2, nkv, capacity, hd]
-            kv[0].index_copy_(1, slots, k.to(kv.dtype))
-            kv[1].index_copy_(1, slots, v.to(kv.dtype))
+            kv[0].index_copy_(1, slots, k)
+            kv[1].index_copy_(1, slots, v)
+            up = self.attention_dtype
             att = F.scaled_dot_product_attention(
-                q.to(kv.dtype)[None], kv[0, :, :span][None], kv[1, :, :span][None], attn_mask=mask,
+                q.to(up)[None], kv[0, :, :span].to(up)[None], kv[1, :, :span].to(up)[None], attn_mask=mask,
                 scale=self.scale, enable_gqa=nkv != nh)   # [1, nh, R, hd]
             x = x + a.o_proj(att[0].transpose(0, 1).reshape(r, nh * hd).to(x.dtype))
             h = _rms_norm(x, layer.post_attention_layernorm)
