@@ -173,7 +173,7 @@ class StaticVerifier(SlotCache):
               "positions": torch.zeros(r, dtype=torch.long, device=self.device),
               "slots": spare.clone(),
               "mask": torch.zeros(r, span, dtype=torch.bool, device=self.device)}
-        io["mask"][torch.arange(r), (spare % span)] = True   # every row sees something (no NaN rows)
+        io["mask"][torch.arange(r, device=self.device), spare % span] = True   # no row sees nothing (NaN)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
