@@ -155,18 +155,18 @@ class StaticVerifier(SlotCache):
         span = mask.shape[1]
         entry = self._graphs.get(span)
         if entry is None:
-            entry = self._capture(span)
-        graph, io = entry
+            entry = self._graphs[span] = self._capture(span)
+        replay, io = entry
         io["tokens"].copy_(tokens)
         io["positions"].copy_(positions)
         io["slots"].copy_(slots)
         io["mask"].copy_(mask)
-        graph.replay()
+        replay()
         return io["logits"]
 
     def _capture(self, span: int):
-        """A CUDA graph of one piece attending `span` cache slots. Warm-up and capture write keys/values at
-        the cache's spare slots (past max_len), which nothing reads."""
+        """(replay, static inputs and output) of one piece attending `span` cache slots. Warm-up and capture
+        write keys/values at the cache's spare slots (past max_len), which nothing reads."""
         r = self.rows
         spare = torch.arange(self.max_len, self.max_len + r, device=self.device)
         io = {"tokens": torch.zeros(r, dtype=torch.long, device=self.device),
@@ -174,19 +174,24 @@ class StaticVerifier(SlotCache):
               "slots": spare.clone(),
               "mask": torch.zeros(r, span, dtype=torch.bool, device=self.device)}
         io["mask"][torch.arange(r, device=self.device), spare % span] = True   # no row sees nothing (NaN)
+        replay, io["logits"] = self._grapher(lambda: self._piece(io["tokens"], io["positions"], io["slots"],
+                                                                 io["mask"]))
+        return replay, io
+
+    def _grapher(self, fn):
+        """Capture fn() as a CUDA graph: (replay, its output tensor, rewritten by every replay)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):   # warm-up: lazy initialisation and kernel selection outside the capture
-                self._piece(io["tokens"], io["positions"], io["slots"], io["mask"])
+                fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            io["logits"] = self._piece(io["tokens"], io["positions"], io["slots"], io["mask"])
-        self._graphs[span] = (graph, io)
-        return graph, io
+            out = fn()
+        return graph.replay, out
 
     # ------------------------------------------------------------------ the protocol
     @torch.inference_mode()
