@@ -23,7 +23,8 @@ py=${PYTHON:-}
 if [ -z "$py" ]; then if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
-export REST_LSP_CACHE="${REST_LSP_CACHE:-$PWD/$out/cache}"
+out_abs=$(cd "$out" && pwd)
+export REST_LSP_CACHE="${REST_LSP_CACHE:-$out_abs/cache}"   # the tiny models' c(q) calibrations
 replay=${REPLAY:-benchmarks/replay-humaneval-cpu.json}
 
 if ! "$py" -c "import torch, transformers, tokenizers, numpy, pydivsufsort, msgpack, safetensors" 2>"$out/imports.err"; then
