@@ -118,10 +118,24 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def store_tokenizer(out) -> str | None:
+    """The tokenizer an existing store at `out` was built with (what `load_tokenizer` takes), or None."""
+    from .manifest import read_manifest
+    from .tokenizer import EMBEDDED_NAME
+
+    try:
+        m = read_manifest(Path(out))
+    except IndexerError:
+        return None
+    return m.get("tokenizer_source") or ("embedded" if m["tokenizer"].get("name") == EMBEDDED_NAME else None)
+
+
 def cmd_watch(args) -> int:
     from .watch import watch_forever
 
-    watch_forever(args.roots, args.out, tokenizer=args.tokenizer, filters=_filters(args),
+    # an existing store keeps its own tokenizer (a default would rebuild a CodeLlama store in Qwen's vocabulary)
+    tokenizer = args.tokenizer or store_tokenizer(args.out) or "embedded"
+    watch_forever(args.roots, args.out, tokenizer=tokenizer, filters=_filters(args),
                   debounce_s=args.debounce_ms / 1000.0, verbose=not args.quiet)
     return 0
 
@@ -168,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="keep a datastore current while files change")
     w.add_argument("roots", nargs="+", type=Path)
     w.add_argument("--out", required=True, type=Path)
-    w.add_argument("--tokenizer", default="embedded", metavar="MODEL", help="as for build")
+    w.add_argument("--tokenizer", metavar="MODEL",
+                   help="as for build (default: the tokenizer an existing store at --out was built with, else embedded)")
     w.add_argument("--debounce-ms", type=float, default=200.0)
     w.add_argument("--quiet", action="store_true")
     _add_filter_args(w)

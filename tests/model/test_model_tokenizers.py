@@ -136,3 +136,16 @@ def test_one_vocabulary_encoded_another_way_is_refused(named, codellama_tokenize
     del m["tokenizer"]["encoding_hash"]
     write_manifest(tmp_path / "raw", m)
     Datastore.open(tmp_path / "raw", tokenizer=codellama_tokenizer).close()
+
+
+def test_watch_keeps_an_existing_stores_tokenizer(named, tmp_path):
+    """`rest-index watch` without --tokenizer on a store built for CodeLlama syncs it in CodeLlama's tokenizer
+    (a default would rebuild it in the embedded model's)."""
+    from indexer.build import build_datastore
+    from indexer.cli import store_tokenizer
+
+    names, ws, *_ = named
+    rep = build_datastore([ws], tmp_path / "store", tokenizer=names["dir"])
+    assert store_tokenizer(tmp_path / "store") == str(Path(names["dir"]).resolve())
+    assert store_tokenizer(tmp_path / "none") is None
+    assert fingerprint(load_tokenizer(store_tokenizer(tmp_path / "store")))["vocab_hash"] == rep["tokenizer"]["vocab_hash"]
