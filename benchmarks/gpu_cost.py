@@ -1,11 +1,16 @@
 """c(q) for a model *shape* with random weights (no download), on a GPU, and what it makes of REST's drafts.
 
-The figure issue 6 asks for when a GPU is lent: the verification cost curve of CodeLlama-7B shapes in bf16,
-through the engine's own tree verifier (`HFVerifier`: a tree mask, position ids by depth, the KV cache kept
-between calls), and the projected speedup M / (c(q)/c(1)) for the draft sizes the replay measured. Timing
-synchronises the device around every forward. One prepared run (about 2-3 minutes on an H200):
+The verification cost curve of CodeLlama-7B shapes in bf16 through the engine's tree verifiers, each with a
+tree mask, position ids by depth and the KV cache kept between calls:
+    eager        transformers' own forward (HFVerifier; SDPA attention, a DynamicCache)
+    static       rest_lsp/model/static.py, what the daemon uses on a GPU: a static KV cache, fixed-size row
+                 pieces and float64 attention (batch-invariant, so REST is bit-exact), CUDA graphs
+    static-lowp  the same with attention in the model's dtype: what the exactness of `static` costs
+and the projected speedup M / (c(q)/c(1)) for the draft sizes a replay measured. Timing synchronises the
+device around every forward. Part of benchmarks/gpu_check.sh; alone:
 
-    python benchmarks/gpu_cost.py --shape codellama-7b --device cuda --replay replay.json --json gpu-cost.json
+    python benchmarks/gpu_cost.py --shape codellama-7b --device cuda --replay benchmarks/replay-humaneval-cpu.json \
+        --json gpu-cost.json
 
 `--replay` takes a `rest-lsp replay --json` report (M per draft budget; a budget of n nodes verifies n + 1
 tokens). `--shape tiny --device cpu` runs the same code in seconds (the test suite does).
@@ -41,7 +46,7 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module
     """A Llama causal LM of the named shape, random weights, built directly on the device in `dtype`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], attn_implementation="eager")
+    config = LlamaConfig(**SHAPES[shape], attn_implementation="sdpa")
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -52,17 +57,27 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module
     return model.eval()
 
 
+KINDS = ("eager", "static", "static-lowp")
+
+
+def make_verifiers(model: torch.nn.Module, kinds, max_len: int) -> dict:
+    from rest_lsp.engine.verifier import HFVerifier
+    from rest_lsp.model.static import StaticVerifier
+
+    make = {"eager": lambda: HFVerifier(model),
+            "static": lambda: StaticVerifier(model, max_len=max_len),
+            "static-lowp": lambda: StaticVerifier(model, max_len=max_len, attention_dtype=next(model.parameters()).dtype)}
+    return {k: make[k]() for k in kinds}
+
+
 @torch.inference_mode()
-def cost_curve(model: torch.nn.Module, device: str, qs, past: int, repeats: int) -> dict[int, float]:
-    """Median ms of one q-token tree verification after a `past`-token cache, for each q: cost_curve.py's
-    round-robin loop over the engine's HFVerifier, waiting for the device around every forward."""
+def cost_curve(verifiers: dict, vocab: int, device: str, qs, past: int, repeats: int) -> dict[str, dict[int, float]]:
+    """Median ms of one q-token tree verification after a `past`-token cache, per verifier and q: cost_curve.py's
+    round-robin loop, waiting for the device around every forward."""
     from cost_curve import cost_curves
 
-    from rest_lsp.engine.verifier import HFVerifier
-
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    verifier = HFVerifier(model, device)
-    return cost_curves({"eager": verifier}, model.config.vocab_size, qs, past, repeats, sync=sync)["eager"]
+    return cost_curves(verifiers, vocab, qs, past, repeats, sync=sync)
 
 
 def projected(ms: dict[int, float], replay: dict) -> list[dict]:
@@ -88,6 +103,7 @@ def main(argv=None) -> dict:
     p.add_argument("--shape", choices=sorted(SHAPES), default="codellama-7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"verifiers to time, from {','.join(KINDS)}")
     p.add_argument("--qs", default=None, help=f"comma list of q (default {','.join(map(str, QS))})")
     p.add_argument("--past", default="300,1000", help="comma list of cached tokens before each forward")
     p.add_argument("--repeats", type=int, default=5)
@@ -97,26 +113,37 @@ def main(argv=None) -> dict:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("gpu_cost.py: no CUDA device here (use --device cpu --shape tiny to try the script)")
     qs = tuple(int(x) for x in args.qs.split(",")) if args.qs else QS
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS for k in kinds):
+        sys.exit(f"gpu_cost.py: --kinds takes some of {', '.join(KINDS)}, got {args.kinds!r}")
+    pasts = [int(x) for x in args.past.split(",")]
     t = time.perf_counter()
     model = random_model(args.shape, args.device, DTYPES[args.dtype])
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"{args.shape} ({sum(x.numel() for x in model.parameters()) / 1e9:.2f}B parameters, {args.dtype}) "
           f"on {name}: built in {time.perf_counter() - t:.1f} s; torch {torch.__version__}", flush=True)
     report = {"shape": args.shape, "config": SHAPES[args.shape], "dtype": args.dtype, "device": name,
-              "torch": torch.__version__, "repeats": args.repeats, "curves": {}}
-    for past in (int(x) for x in args.past.split(",")):
-        ms = cost_curve(model, args.device, qs, past, args.repeats)
-        report["curves"][str(past)] = {"ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+              "torch": torch.__version__, "repeats": args.repeats, "kinds": kinds, "curves": {}}
+    verifiers = make_verifiers(model, kinds, max_len=max(pasts) + max(qs) + 64)
+    replay = json.loads(Path(args.replay).read_text()) if args.replay else None
+    for past in pasts:
+        curves = cost_curve(verifiers, model.config.vocab_size, args.device, qs, past, args.repeats)
+        report["curves"][str(past)] = {}
         print(f"\nc(q) ms after {past} cached tokens (ratio to q={qs[0]}):")
-        print("| q | " + " | ".join(map(str, qs)) + " |\n|---|" + "---|" * len(qs))
-        print("| ms | " + " | ".join(f"{ms[q]:.1f} ({ms[q] / ms[qs[0]]:.2f})" for q in qs) + " |", flush=True)
-        if args.replay:
-            rows = projected(ms, json.loads(Path(args.replay).read_text()))
-            report["curves"][str(past)]["projected"] = rows
-            print("| policy | budget | q | M | c(q)/c(1) | projected M / (c(q)/c(1)) |\n|---|---|---|---|---|---|")
-            for r in rows:
-                print(f"| {r['policy']} | {r['budget']} | {r['q']:.1f} | {r['M']:.2f} | {r['cost_ratio']:.2f} | "
-                      f"{r['projected_speedup']:.2f}x |")
+        print("| verifier | " + " | ".join(f"q={q}" for q in qs) + " |\n|---|" + "---|" * len(qs))
+        for kind, ms in curves.items():
+            report["curves"][str(past)][kind] = {"ms": ms, "ratio": {q: ms[q] / ms[qs[0]] for q in qs}}
+            print(f"| {kind} | " + " | ".join(f"{ms[q]:.2f} ({ms[q] / ms[qs[0]]:.2f})" for q in qs) + " |",
+                  flush=True)
+        if replay is not None:
+            print(f"\nprojected speedup M / (c(q)/c(1)) after {past} cached tokens ({replay.get('source', args.replay)}):")
+            print("| verifier | policy | budget | q | M | c(q)/c(1) | projected |\n|---|---|---|---|---|---|---|")
+            for kind, ms in curves.items():
+                rows = projected(ms, replay)
+                report["curves"][str(past)][kind]["projected"] = rows
+                for r in rows:
+                    print(f"| {kind} | {r['policy']} | {r['budget']} | {r['q']:.1f} | {r['M']:.2f} | "
+                          f"{r['cost_ratio']:.2f} | {r['projected_speedup']:.2f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")

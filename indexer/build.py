@@ -1,7 +1,6 @@
 """Building a datastore from files: discover, read, tokenize in batches, join, suffix-sort, write."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,23 +39,24 @@ def corpus_filters() -> disc.Filters:
     return disc.Filters(languages=("python",), exclude_dirs=frozenset(ex))
 
 
-def default_corpus_dir(tokenizer=None) -> Path:
-    """Where the default corpus for this tokenizer lives: <rest-lsp cache>/corpus/<vocab hash>."""
+def default_corpus_dir(tokenizer) -> Path:
+    """Where the default corpus for this tokenizer (the model's: an object or a name) lives:
+    <rest-lsp cache>/corpus/<vocab hash>."""
     from .embedded import cache_root
     from .tokenizer import fingerprint, load_tokenizer
 
-    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     return cache_root() / "corpus" / fingerprint(tok)["vocab_hash"][:16]
 
 
-def ensure_corpus(tokenizer=None, *, progress: bool = False, max_tokens: int | None = None) -> Path:
+def ensure_corpus(tokenizer, *, progress: bool = False, max_tokens: int | None = None) -> Path:
     """The default corpus datastore (stdlib + site-packages) for this tokenizer, built on first use.
     Takes minutes once (about 50M tokens with torch and transformers installed)."""
     from .manifest import read_manifest
 
     from .tokenizer import load_tokenizer
 
-    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     out = default_corpus_dir(tok)
     try:
         read_manifest(out)
@@ -87,11 +87,12 @@ class _Progress:
             self.bar.close()
 
 
-def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filters: disc.Filters | None = None,
+def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: disc.Filters | None = None,
                     corpus_from_env: bool = False, progress: bool = False,
                     max_shard_tokens: int = MAX_SHARD_TOKENS, max_tokens: int | None = None) -> dict:
-    """Build a datastore at `out` from the documents under `roots` (and/or the default corpus),
-    replacing any datastore there only once the new one is complete. Returns a report."""
+    """Build a datastore at `out` from the documents under `roots` (and/or the default corpus) in the
+    model's tokenizer (an object or a name: indexer.tokenizer.load_tokenizer), replacing any datastore there
+    only once the new one is complete. Returns a report."""
     from .tokenizer import encode_batch, fingerprint, load_tokenizer, tokenizer_source
 
     t_start = time.perf_counter()
@@ -104,7 +105,7 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
     filters = filters or disc.Filters()
     if not roots:
         raise IndexerError("nothing to index: give ROOT paths or --corpus-from-env")
-    tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     fp = fingerprint(tok)
     width = width_for_vocab(fp["vocab_size"])
     out = Path(out)

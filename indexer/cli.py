@@ -1,7 +1,10 @@
 """`rest-index`: build, query, inspect and watch a datastore.
 
-    rest-index build ROOT... --out DIR [--tokenizer NAME_OR_PATH] [--json]
-    rest-index build --corpus-from-env --out DIR
+    rest-index build ROOT... --out DIR [--tokenizer MODEL] [--json]
+    rest-index build --corpus-from-env --out DIR --tokenizer MODEL
+
+MODEL is the model the datastore is for: a model directory, a .gguf file or a hub id (resolved as rest-lsp
+loads that model's tokenizer), a tokenizer.json, or "embedded" (the default model, also the default here).
     rest-index query DIR (--text TEXT | --tokens 1,2,3) [--k K] [--json]
     rest-index stats DIR --json
     rest-index watch ROOT... --out DIR
@@ -62,7 +65,8 @@ def cmd_build(args) -> int:
     if args.json:
         print(json.dumps(rep))
     else:
-        print(f"{rep['out']}: {rep['documents']} documents, {rep['tokens']:,} tokens in {rep['shards']} shard(s), "
+        print(f"{rep['out']}: {rep['documents']} documents, {rep['tokens']:,} tokens in {rep['shards']} shard(s) "
+              f"in the tokenizer of {rep['tokenizer']['name']} ({rep['tokenizer']['vocab_size']:,} ids), "
               f"{rep['bytes_on_disk'] / 1e6:.1f} MB ({rep['bytes_per_token']} bytes/token); "
               f"{rep['seconds']:.1f} s (tokenize {rep['tokenize_s']:.1f} s, sort {rep['sort_s']:.1f} s)")
         if rep["skipped"]:
@@ -114,10 +118,24 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def store_tokenizer(out) -> str | None:
+    """The tokenizer an existing store at `out` was built with (what `load_tokenizer` takes), or None."""
+    from .manifest import read_manifest
+    from .tokenizer import EMBEDDED_NAME
+
+    try:
+        m = read_manifest(Path(out))
+    except IndexerError:
+        return None
+    return m.get("tokenizer_source") or ("embedded" if m["tokenizer"].get("name") == EMBEDDED_NAME else None)
+
+
 def cmd_watch(args) -> int:
     from .watch import watch_forever
 
-    watch_forever(args.roots, args.out, tokenizer=args.tokenizer, filters=_filters(args),
+    # an existing store keeps its own tokenizer (a default would rebuild a CodeLlama store in Qwen's vocabulary)
+    tokenizer = args.tokenizer or store_tokenizer(args.out) or "embedded"
+    watch_forever(args.roots, args.out, tokenizer=tokenizer, filters=_filters(args),
                   debounce_s=args.debounce_ms / 1000.0, verbose=not args.quiet)
     return 0
 
@@ -129,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a datastore from files")
     b.add_argument("roots", nargs="*", type=Path)
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--tokenizer", help="tokenizer.json, model directory or hub id (default: the embedded model's)")
+    b.add_argument("--tokenizer", default="embedded", metavar="MODEL",
+                   help="the model whose tokenizer the datastore uses: a model directory, .gguf file, hub id or "
+                        "tokenizer.json; 'embedded' (the default) is the embedded Qwen2.5-Coder model")
     b.add_argument("--corpus-from-env", action="store_true",
                    help="index the Python standard library and this environment's site-packages")
     b.add_argument("--max-tokens", type=int, help="stop adding documents past this many tokens")
@@ -162,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="keep a datastore current while files change")
     w.add_argument("roots", nargs="+", type=Path)
     w.add_argument("--out", required=True, type=Path)
-    w.add_argument("--tokenizer")
+    w.add_argument("--tokenizer", metavar="MODEL",
+                   help="as for build (default: the tokenizer an existing store at --out was built with, else embedded)")
     w.add_argument("--debounce-ms", type=float, default=200.0)
     w.add_argument("--quiet", action="store_true")
     _add_filter_args(w)

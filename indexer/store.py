@@ -118,9 +118,12 @@ class Datastore:
         """Build (or rebuild) a datastore from the files under roots, then open it."""
         from .build import build_datastore
 
+        from .tokenizer import load_tokenizer
+
         open_kw = {k: kw.pop(k) for k in ("weights", "attach") if k in kw}
+        kw["tokenizer"] = tok = load_tokenizer(kw.get("tokenizer"))   # resolved once, kept for updates
         build_datastore(roots, path, **kw)
-        return cls.open(path, verify=False, **open_kw)
+        return cls.open(path, verify=False, tokenizer=tok, **open_kw)
 
     def attach(self, other, *, verify: bool = True) -> "Datastore":
         """Search another datastore together with this one (e.g. the corpus next to a repository)."""
@@ -198,9 +201,11 @@ class Datastore:
     def tokenizer(self):
         """The store's tokenizer (loaded on first use from what the manifest names)."""
         if self._tokenizer is None:
-            from .tokenizer import load_tokenizer
+            from .tokenizer import EMBEDDED_NAME, load_tokenizer
 
             src = self._manifest.get("tokenizer_source")
+            if src is None and self._manifest["tokenizer"].get("name") == EMBEDDED_NAME:
+                src = "embedded"  # stores built before sources were always recorded
             tok = load_tokenizer(src)
             _, fp = _fingerprint_of(tok)
             from .tokenizer import same_vocabulary

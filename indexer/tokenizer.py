@@ -1,12 +1,18 @@
-"""Loading any Hugging Face tokenizer as a fast `tokenizers.Tokenizer`, and its fingerprint.
+"""Loading a model's tokenizer as a fast `tokenizers.Tokenizer`, and its fingerprint.
 
-No torch and no transformers on the common paths: a `tokenizer.json` file, a directory holding one, or
-the embedded default model's tokenizer (`indexer.embedded.tokenizer_dir()`). Only a directory without a
-`tokenizer.json` (a slow, sentencepiece-only checkpoint) falls back to transformers to convert it.
+A datastore is only useful in the vocabulary of the model that drafts from it, so nothing here picks a
+tokenizer by default: callers pass the model's tokenizer (an object: the daemon and the bench pass the
+loaded model's own) or name it. Names, as the command lines take them:
+    a tokenizer.json file, or a directory holding only tokenizer files     read as they are
+    a model directory, a .gguf file, a Hugging Face hub id                 resolved as the model host loads
+                                                                           them (indexer/model_tokenizer.py)
+    "embedded"                                                             the embedded default model's
+No torch is imported here: transformers, where needed, runs in a child process.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -25,48 +31,53 @@ def _tag(tok, name: str, source: str | None):
     return tok
 
 
-def load_tokenizer(name_or_path: str | os.PathLike | None = None):
-    """Return a `tokenizers.Tokenizer`.
+def load_tokenizer(name_or_path):
+    """Return a `tokenizers.Tokenizer` for a tokenizer object or a name (see the module docstring).
 
-    None: the embedded default model's tokenizer. A path: a `tokenizer.json` file or a model directory.
-    Anything else: a Hugging Face hub id (works offline only when it is in the local cache).
-    """
+    None or "" is an error: the tokenizer must be the model's, so it is always named."""
     from tokenizers import Tokenizer
 
-    if name_or_path is None or str(name_or_path).strip() in ("", EMBEDDED_NAME, "embedded", "default"):
+    if name_or_path is None or not str(name_or_path).strip():
+        raise IndexerError("no tokenizer given: a datastore must use the model's own tokenizer; name it (a model "
+                           "directory, .gguf file, hub id, tokenizer.json, or 'embedded' for the default model)")
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        fast = as_fast_tokenizer(name_or_path)
+        if fast is name_or_path and getattr(fast, "_rest_name", None):
+            return fast   # tagged already (detached_copy, or loaded here): keep its name and source
+        return _tag(fast, tokenizer_name(name_or_path), tokenizer_source(name_or_path))
+    if str(name_or_path).strip() in (EMBEDDED_NAME, "embedded"):
         try:
             from . import embedded
         except ImportError as e:  # pragma: no cover - depends on the model host's part
             raise IndexerError(f"the embedded tokenizer is not available ({e}); pass --tokenizer") from e
-        d = Path(embedded.tokenizer_dir())
-        return _tag(Tokenizer.from_file(str(d / "tokenizer.json")), EMBEDDED_NAME, None)
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        return _tag(as_fast_tokenizer(name_or_path), tokenizer_name(name_or_path), None)
+        from .model_tokenizer import model_tokenizer_json
+
+        # the tokenizer files extracted from the GGUF, loaded as the host loads them (Qwen2's NFC normalizer)
+        f = model_tokenizer_json("dir", embedded.tokenizer_dir())
+        return _tag(Tokenizer.from_file(str(f)), EMBEDDED_NAME, "embedded")
+    from .model_tokenizer import model_tokenizer_json
+
     p = Path(name_or_path).expanduser()
     if p.is_file():
-        return _tag(Tokenizer.from_file(str(p)), str(p.resolve()), str(p.resolve()))
+        src = str(p.resolve())
+        f = model_tokenizer_json("gguf", p) if p.suffix.lower() == ".gguf" else p
+        return _tag(Tokenizer.from_file(str(f)), src, src)
     if p.is_dir():
-        f = p / "tokenizer.json"
-        if f.is_file():
-            return _tag(Tokenizer.from_file(str(f)), str(p.resolve()), str(p.resolve()))
-        try:  # a checkpoint without tokenizer.json: let transformers convert it (slow path, build only)
-            from transformers import AutoTokenizer
-
-            hf = AutoTokenizer.from_pretrained(str(p))
-            return _tag(hf.backend_tokenizer, str(p.resolve()), str(p.resolve()))
-        except Exception as e:
-            raise IndexerError(f"no usable tokenizer in {p}: {e}") from e
-    if str(name_or_path).startswith((".", "/", "~")) or os.sep in str(name_or_path) and not _looks_like_hub_id(str(name_or_path)):
-        raise IndexerError(f"tokenizer path {name_or_path} does not exist")
-    try:
-        return _tag(Tokenizer.from_pretrained(str(name_or_path)), str(name_or_path), str(name_or_path))
-    except Exception as e:
-        raise IndexerError(f"cannot load tokenizer {name_or_path!r}: {e}") from e
+        src = str(p.resolve())
+        model_dir = (p / "tokenizer_config.json").is_file() or (p / "config.json").is_file()
+        if not model_dir and (p / "tokenizer.json").is_file():
+            return _tag(Tokenizer.from_file(str(p / "tokenizer.json")), src, src)
+        return _tag(Tokenizer.from_file(str(model_tokenizer_json("dir", p))), src, src)
+    s = str(name_or_path)
+    if s.startswith((".", "/", "~")) or s.lower().endswith(".gguf") or not _looks_like_hub_id(s):
+        raise IndexerError(f"tokenizer {s}: no such file or directory (nor a hub id like org/name)")
+    return _tag(Tokenizer.from_file(str(model_tokenizer_json("hub", s))), s, s)
 
 
 def _looks_like_hub_id(s: str) -> bool:
+    """"org/name" or a bare legacy name ("gpt2")."""
     parts = s.split("/")
-    return len(parts) == 2 and all(parts) and not s.startswith((".", "/", "~"))
+    return len(parts) <= 2 and all(parts) and not s.startswith((".", "/", "~")) and "\\" not in s
 
 
 def as_fast_tokenizer(tok: Any):
@@ -79,6 +90,18 @@ def as_fast_tokenizer(tok: Any):
     if isinstance(backend, Tokenizer):
         return backend
     raise IndexerError(f"not a fast tokenizer: {type(tok).__name__}")
+
+
+def detached_copy(tok: Any, *, name: str, source: str | None):
+    """An independent `tokenizers.Tokenizer` with the same vocabulary and pipeline as `tok` (a transformers
+    fast tokenizer or a Tokenizer): no truncation, no padding, special tokens matched as the default does,
+    and none of the original's state shared (threads can encode with both at once)."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(as_fast_tokenizer(tok).to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return _tag(copy, name, source)
 
 
 def tokenizer_name(tok: Any) -> str:
@@ -94,7 +117,7 @@ def tokenizer_name(tok: Any) -> str:
 
 
 def tokenizer_source(tok: Any) -> str | None:
-    """What `load_tokenizer` needs to load this tokenizer again (None: the embedded one)."""
+    """What `load_tokenizer` needs to load this tokenizer again (None: unknown)."""
     if hasattr(tok, "_rest_source"):
         return tok._rest_source
     n = getattr(tok, "name_or_path", None)
@@ -105,8 +128,12 @@ _FP_CACHE: dict[int, tuple[Any, dict]] = {}
 
 
 def fingerprint(tok: Any) -> dict:
-    """{"name", "vocab_hash", "vocab_size"}: vocab_hash is a sha256 over the sorted (token, id) pairs
-    including added tokens, so the same vocabulary loaded two ways (tokenizer.json, transformers) agrees."""
+    """{"name", "vocab_hash", "vocab_size", "encoding_hash"}: vocab_hash is a sha256 over the sorted (token,
+    id) pairs including added tokens, so the same vocabulary loaded two ways (tokenizer.json, transformers)
+    agrees; encoding_hash covers what else decides the ids of a text (normalizer, pre-tokenizer, the model's
+    merges and settings, how added tokens match). One vocabulary can encode text two ways: transformers 5 loads
+    a Qwen2 tokenizer.json with Qwen's split regex and NFC, CodeLlama's with Metaspace instead of its file's
+    normalizer, and a store in the other encoding would never match the prompt's ids."""
     key = id(tok)
     hit = _FP_CACHE.get(key)
     if hit is not None and hit[0] is tok:
@@ -119,13 +146,28 @@ def fingerprint(tok: Any) -> dict:
         h.update(t.encode("utf-8", "surrogatepass"))
         h.update(b"\0")
     size = max(fast.get_vocab_size(with_added_tokens=True), (max(vocab.values()) + 1) if vocab else 0)
-    fp = {"name": tokenizer_name(tok), "vocab_hash": h.hexdigest(), "vocab_size": int(size)}
+    fp = {"name": tokenizer_name(tok), "vocab_hash": h.hexdigest(), "vocab_size": int(size),
+          "encoding_hash": _encoding_hash(fast)}
     _FP_CACHE[key] = (tok, fp)
     return dict(fp)
 
 
+def _encoding_hash(fast) -> str:
+    spec = json.loads(fast.to_str())
+    model = {k: v for k, v in (spec.get("model") or {}).items() if k != "vocab"}   # the vocabulary: vocab_hash
+    added = [{k: t.get(k) for k in ("id", "content", "special", "normalized", "lstrip", "rstrip", "single_word")}
+             for t in spec.get("added_tokens") or []]
+    canon = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer"), "model": model,
+             "added_tokens": added}
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
 def same_vocabulary(a: dict, b: dict) -> bool:
-    return a.get("vocab_hash") == b.get("vocab_hash") and a.get("vocab_size") == b.get("vocab_size")
+    """The same vocabulary, and the same encoding where both fingerprints record it (stores built before
+    encoding_hash existed are checked by vocabulary alone)."""
+    if a.get("vocab_hash") != b.get("vocab_hash") or a.get("vocab_size") != b.get("vocab_size"):
+        return False
+    return not (a.get("encoding_hash") and b.get("encoding_hash")) or a["encoding_hash"] == b["encoding_hash"]
 
 
 def encode_batch(tok: Any, texts: list[str]) -> list[list[int]]:

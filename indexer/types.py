@@ -48,7 +48,10 @@ class TokenizerMismatch(IndexerError):
             f"the datastore was built with tokenizer {stored.get('name')!r} "
             f"(vocab {stored.get('vocab_size')}, hash {str(stored.get('vocab_hash'))[:12]}) but "
             f"tokenizer {given.get('name')!r} (vocab {given.get('vocab_size')}, hash "
-            f"{str(given.get('vocab_hash'))[:12]}) was requested; rebuild the datastore with that tokenizer"
+            f"{str(given.get('vocab_hash'))[:12]}) was requested (another vocabulary, or another encoding of "
+            f"text into it); rebuild the datastore in that model's "
+            f"tokenizer: rest-index build ROOT... --out DIR --tokenizer MODEL (the model directory, .gguf file "
+            f"or hub id)"
         )
 
 

@@ -140,7 +140,7 @@ class Watcher:
             log.warning(msg)
 
 
-def open_or_build(roots, out, *, tokenizer=None, filters=None, log_fn=None) -> Datastore:
+def open_or_build(roots, out, *, tokenizer, filters=None, log_fn=None) -> Datastore:
     """Open the store at `out` when it indexes these roots with this tokenizer (then sync it with the
     files), else build it."""
     from .types import IndexerError
@@ -162,7 +162,7 @@ def open_or_build(roots, out, *, tokenizer=None, filters=None, log_fn=None) -> D
     return Datastore.build(roots, out, tokenizer=tokenizer, filters=filters)
 
 
-def watch_forever(roots, out, *, tokenizer=None, filters=None, debounce_s: float = 0.2, verbose: bool = True) -> None:
+def watch_forever(roots, out, *, tokenizer, filters=None, debounce_s: float = 0.2, verbose: bool = True) -> None:
     def say(msg):
         if verbose:
             print(f"rest-index: {msg}", file=sys.stderr, flush=True)

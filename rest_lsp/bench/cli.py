@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from indexer.types import IndexerError
 from rest_lsp.engine.history import HistoryError, HistoryFile, history_model_key, load_history, save_history
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
 
@@ -48,16 +49,23 @@ def _load(args):
     return lm
 
 
-def _tokenizer_spec(lm) -> str | None:
-    """What the indexer needs to load the model's tokenizer (None: the embedded model's)."""
+def _recorded_tokenizer(header: dict) -> str:
+    """The tokenizer a replay record was made with (records before it was kept: the embedded model's)."""
     from rest_lsp.model.host import EMBEDDED_NAME
 
-    return str(lm.path) if getattr(lm, "path", None) is not None and lm.name != EMBEDDED_NAME else None
+    tok = header.get("tokenizer")
+    if tok:
+        return tok
+    if header.get("model") == EMBEDDED_NAME:
+        return "embedded"
+    raise ValueError(f"the record names no tokenizer for model {header.get('model')!r}; record it again "
+                     "(--rerecord) to use --datastore or --repo with it")
 
 
-def _datastores(args, tok: str | None, tmp: Path):
+def _datastores(args, tok, tmp: Path):
     """(corpus, repository): the --datastore corpus and the --repo index, the datastores of the policy's
-    `corpus` and `repository` sources (as the daemon has the corpus and the workspace apart)."""
+    `corpus` and `repository` sources (as the daemon has the corpus and the workspace apart), both in the
+    model's tokenizer `tok` (the loaded model's own, or the name a replay record keeps)."""
     from indexer.store import Datastore
 
     corpus = repo = None
@@ -153,7 +161,11 @@ def bench_main(argv: list[str] | None = None) -> int:
         _log(f"rest-lsp bench: --history: {e}")
         return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-bench.") as tmp:
-        corpus, repo = _datastores(args, _tokenizer_spec(lm), Path(tmp))
+        try:
+            corpus, repo = _datastores(args, lm.indexer_tokenizer, Path(tmp))
+        except IndexerError as e:
+            _log(f"rest-lsp bench: {e}")
+            return 2
         report = run_bench(lm, prompts, methods, max_new_tokens=args.max_new_tokens, corpus=corpus,
                            repository=repo, rest_policy=args.rest_policy, rest_budget=args.draft_budget,
                            histories=histories, verifier=args.verifier, warmup=not args.no_warmup, log=_log)
@@ -249,7 +261,7 @@ def replay_main(argv: list[str] | None = None) -> int:
         lm = _load(args)
         cost = _engine_cost(lm, measure=args.measure_cost)
         record_prompts(lm, prompts, args.max_new_tokens, rec_path, prompts_spec=args.prompts, cost=cost,
-                       tokenizer=_tokenizer_spec(lm), log=_log)
+                       tokenizer=lm.tokenizer_source, log=_log)
         _log(f"recorded greedy outputs into {rec_path}")
     header, records = read_records(rec_path)
     if args.limit is not None:
@@ -263,8 +275,15 @@ def replay_main(argv: list[str] | None = None) -> int:
         _log(f"rest-lsp replay: {e}")
         return 2
     with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
-        tok = _tokenizer_spec(lm) if lm is not None else header.get("tokenizer")
-        corpus, repo = _datastores(args, tok, Path(tmp))
+        try:
+            if args.datastore or args.repo:
+                tok = lm.indexer_tokenizer if lm is not None else _recorded_tokenizer(header)
+                corpus, repo = _datastores(args, tok, Path(tmp))
+            else:
+                corpus = repo = None
+        except (IndexerError, ValueError) as e:
+            _log(f"rest-lsp replay: {e}")
+            return 2
         results = []
         for pol in policies:
             for b in budgets:

@@ -19,6 +19,7 @@ from .cost import Calibration, CostModel, best_size
 from .sources import DraftSource
 from .tree import DraftTree, flatten, rank_nodes
 from .trie import TokenTrie, match_strength, mix
+from .vocab import clip_to_vocab
 
 
 class Drafter:
@@ -63,7 +64,7 @@ class Drafter:
         for source, share in self.sources:
             conts = source.propose(context, self.draft_len)
             if self.vocab_size is not None:
-                conts = _within_vocab(conts, self.vocab_size)
+                conts = clip_to_vocab(conts, self.vocab_size)
             proposals.append((source.name, share, match_strength(source.last_match_len), conts))
         self.last_trie = mix(context[-1], proposals)
         return self.last_trie
@@ -106,15 +107,3 @@ class Drafter:
     def finish(self) -> None:
         """The generation ended (or was set aside): learn from what its output decided."""
         self.acceptance.finish()
-
-
-def _within_vocab(conts: list[tuple[tuple[int, ...], float]], vocab: int) -> list[tuple[tuple[int, ...], float]]:
-    """Continuations cut before their first id outside [0, vocab) (dropped when nothing is left)."""
-    if not conts or max(max(t, default=0) for t, _ in conts) < vocab and min(min(t, default=0) for t, _ in conts) >= 0:
-        return conts
-    out = []
-    for tokens, w in conts:
-        bad = next((i for i, t in enumerate(tokens) if not 0 <= t < vocab), len(tokens))
-        if bad:
-            out.append((tuple(tokens[:bad]), w))
-    return out

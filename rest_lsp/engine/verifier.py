@@ -77,6 +77,44 @@ def kept_slots(past_len: int, last_q: int, indices: Sequence[int]) -> tuple[int,
     return base, idx, torch.tensor([base + i for i in idx], dtype=torch.long)
 
 
+class SlotCache:
+    """keep / truncate / export_state / import_state for a verifier whose KV cache is one preallocated tensor
+    `self.cache` [layers, 2, kv_heads, slots, head_dim], entries in slot order (`past_len` used, `max_len`
+    the most it holds), the last forward's q entries at the end (`_last_q`)."""
+
+    cache: torch.Tensor
+    past_len: int
+    max_len: int
+    _last_q: int
+
+    @torch.inference_mode()
+    def keep(self, indices: Sequence[int]) -> None:
+        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
+        if src is not None:  # a chain prefix is already in place
+            cache = self.cache
+            cache[:, :, :, base : base + len(idx)] = cache.index_select(3, src.to(cache.device))
+        self.past_len = base + len(idx)
+        self._last_q = 0
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate: n must be >= 0, got {n}")
+        self.past_len = min(n, self.past_len)  # slots beyond past_len are never attended, only overwritten
+        self._last_q = 0
+
+    def export_state(self) -> KVState:
+        data = self.cache[:, :, :, : self.past_len].clone()  # [L, 2, nkv, n, hd]
+        return KVState(self.past_len, data.nbytes, data)
+
+    def import_state(self, state: KVState) -> None:
+        n = state.length
+        if n > self.max_len:
+            raise ValueError(f"import_state: {n} entries do not fit a {self.max_len}-entry cache")
+        self.cache[:, :, :, :n].copy_(state.data)
+        self.past_len = n
+        self._last_q = 0
+
+
 class HFVerifier:
     """Eager verifier over any Hugging Face causal LM whose cache is a `DynamicCache` (Qwen2, Llama, ...).
 

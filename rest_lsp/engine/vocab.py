@@ -1,4 +1,13 @@
-"""Token strings of a vocabulary, searchable by prefix: for outputs that must start with a given text.
+"""The model's vocabulary as the drafter and the decoding loop need it.
+
+`clip_to_vocab`: drafted ids stay inside the model's vocabulary. A tokenizer can hold ids past the model's
+embedding: transformers 5 loads CodeLlama's tokenizer with `<FILL_ME>` at id 32016 while the model has 32,016
+rows (0..32015), and any text containing `<FILL_ME>` (a buffer, a file in the workspace or the corpus) is
+encoded with that id into the live shards and the datastores. A drafted id past the embedding would be an
+IndexError in the verifier on a CPU, and a device-side assert that ruins the CUDA context on a GPU; it can
+never be accepted anyway.
+
+`VocabIndex`: token strings, searchable by prefix, for outputs that must start with a given text.
 
 A prompt that ends inside a word ("return x.ite") or after a space cuts the text where the tokenizer never
 cuts it in training (the space belongs to the next word's token, "items" is one token), and the model then
@@ -9,8 +18,28 @@ tokens that agree with what is left of it may be chosen.
 from __future__ import annotations
 
 import bisect
+from typing import Sequence
 
 import torch
+
+
+def clip_to_vocab(proposals: Sequence[tuple[Sequence[int], float]], vocab_size: int
+                  ) -> list[tuple[tuple[int, ...], float]]:
+    """Each (continuation, weight) cut before its first id outside [0, vocab_size); emptied ones dropped.
+    Continuations that become equal keep their own entries (the drafter's trie adds their weights)."""
+    if not proposals or (max(max(t, default=0) for t, _ in proposals) < vocab_size
+                         and min(min(t, default=0) for t, _ in proposals) >= 0):
+        return [(tuple(t), w) for t, w in proposals if len(t)]  # the usual case, without a loop per token
+    out: list[tuple[tuple[int, ...], float]] = []
+    for tokens, weight in proposals:
+        kept = []
+        for t in tokens:
+            if not 0 <= t < vocab_size:
+                break
+            kept.append(int(t))
+        if kept:
+            out.append((tuple(kept), weight))
+    return out
 
 
 class VocabIndex:

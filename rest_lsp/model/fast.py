@@ -33,9 +33,9 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.verifier import KVState, kept_slots
+from rest_lsp.engine.verifier import SlotCache
 
-KINDS = ("auto", "eager", "packed", "screened", "compiled")
+KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 SUPPORTED_ARCHS = ("qwen2", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
@@ -265,7 +265,7 @@ class StaticLM(torch.nn.Module):
         return self.head(self.hidden(tokens, positions, slots, mask, cache)).float()  # [q, V]
 
 
-class FastVerifier:
+class FastVerifier(SlotCache):
     """The `Verifier` protocol over `StaticLM`: packed eager forward, or compiled per q bucket.
 
     forward(tokens [q], depths [q], tree_mask [q, q]) -> logits [q, V] float32, appending q cache entries;
@@ -345,33 +345,6 @@ class FastVerifier:
         logits = self._last_logits[row]
         return lambda ids: logits[ids]
 
-    @torch.inference_mode()
-    def keep(self, indices: Sequence[int]) -> None:
-        base, idx, src = kept_slots(self.past_len, self._last_q, indices)
-        if src is not None:  # a chain prefix is already in place
-            cache = self.cache  # [L, 2, nkv, max_len, hd]
-            cache[:, :, :, base : base + len(idx)] = cache.index_select(3, src)
-        self.past_len = base + len(idx)
-        self._last_q = 0
-
-    def truncate(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"truncate: n must be >= 0, got {n}")
-        self.past_len = min(n, self.past_len)  # slots beyond past_len are never attended, only overwritten
-        self._last_q = 0
-
-    def export_state(self) -> KVState:
-        data = self.cache[:, :, :, : self.past_len].clone()  # [L, 2, nkv, n, hd]
-        return KVState(self.past_len, data.nbytes, data)
-
-    def import_state(self, state: KVState) -> None:
-        n = state.length
-        if n > self.max_len:
-            raise ValueError(f"import_state: {n} entries do not fit a {self.max_len}-entry cache")
-        self.cache[:, :, :, :n].copy_(state.data)
-        self.past_len = n
-        self._last_q = 0
-
     # ------------------------------------------------------------------ compiled buckets
     def _compiled_forward(self, bucket: int, tokens, positions, tree_mask, cache=None) -> torch.Tensor:
         """Pad q to the bucket. Padded rows write to slots past+q .. past+bucket-1 (beyond the new past_len,
@@ -438,8 +411,9 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     """A `Verifier` for a LoadedModel (rest_lsp.model.host) or a bare HF model.
 
     kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
-    projection), "compiled", or "auto": screened where the CPU has native bf16 dot products, else packed;
-    eager where neither supports the model (architecture, int8 dynamic quantization, a GPU)."""
+    projection), "compiled", "static" (rest_lsp/model/static.py: the GPU verifier, any device), or "auto":
+    on a GPU static; on the CPU screened where it has native bf16 dot products, else packed; eager where
+    none supports the model (architecture, int8 dynamic quantization)."""
     from rest_lsp.engine.verifier import HFVerifier
 
     if kind not in KINDS:
@@ -447,6 +421,16 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     model = loaded if isinstance(loaded, torch.nn.Module) else loaded.model
     if kind == "eager":
         return HFVerifier(model)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if kind == "static" or (kind == "auto" and not on_cpu):
+        from rest_lsp.model import static
+
+        try:
+            return static.StaticVerifier(model, max_len=max_len)
+        except static.UnsupportedModel:
+            if kind == "static":
+                raise
+            return HFVerifier(model)
     if kind == "auto":
         try:
             return FastVerifier(model, max_len=max_len, screen=cpu_has_bf16(), **kwargs)

@@ -27,7 +27,7 @@ import torch
 
 from rest_lsp.filenames import safe_filename
 
-from .prompts import FimFormat, build_prompt, context_limit, resolve_fim, stop_token_ids
+from .prompts import FimFormat, build_prompt, context_limit, decode_as_continuation, resolve_fim, stop_token_ids
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
@@ -50,15 +50,32 @@ class LoadedModel:
     path: Path | None = None       # the directory the weights were loaded from (None: hub cache)
     context_length: int | None = None
     stop_ids: list[int] = field(default_factory=list)   # eos + the FIM family's end-of-infill tokens
+    # what indexer.tokenizer.load_tokenizer resolves to this tokenizer ("embedded", a directory, a hub id):
+    # for `rest-index build --tokenizer` and records; in process, datastores take `indexer_tokenizer`
+    tokenizer_source: str | None = None
 
-    def build_prompt(self, prefix: str, suffix: str | None = None, *, middle: str = "", max_new_tokens: int = 0,
-                     fim: bool = True, reserve: int = 32) -> list[int]:
-        """Prompt ids for the cursor between prefix + middle and suffix (`middle`: see
-        rest_lsp.model.prompts.build_prompt), fitted to the context minus max_new_tokens and `reserve`
-        positions for draft trees (so the engine never has to cut the prompt, FIM markers included)."""
+    def build_prompt(self, prefix: str, suffix: str | None = None, *, middle: str = "", order: str = "psm",
+                     max_new_tokens: int = 0, fim: bool = True, reserve: int = 32) -> list[int]:
+        """Prompt ids for the cursor between prefix + middle and suffix (`middle`, `order` "psm"/"spm": see
+        rest_lsp.model.prompts.build_prompt; `self.fim.orders` lists the orders the family supports), fitted
+        to the context minus max_new_tokens and `reserve` positions for draft trees (so the engine never has
+        to cut the prompt, FIM markers included)."""
         budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens - reserve)
         return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, middle=middle,
-                            max_tokens=budget)
+                            order=order, max_tokens=budget)
+
+    @property
+    def indexer_tokenizer(self):
+        """The model's own tokenizer for the datastores (workspace, live buffers, corpus): a `tokenizers`
+        copy of it, so the indexing threads never share the transformers object's mutable state (truncation,
+        special-token splitting) with the inference thread. Same vocabulary, same fingerprint."""
+        tok = self.__dict__.get("_indexer_tokenizer")
+        if tok is None:
+            from indexer.tokenizer import detached_copy
+
+            tok = detached_copy(self.tokenizer, name=self.tokenizer_source or self.name, source=self.tokenizer_source)
+            self.__dict__["_indexer_tokenizer"] = tok
+        return tok
 
     @property
     def vocab_size(self) -> int:
@@ -212,9 +229,11 @@ def _load_tokenizer(location, kind: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(location))
+        tokenizer = AutoTokenizer.from_pretrained(str(location))
     except Exception as e:
         raise _load_error(location, kind, "tokenizer", e) from e
+    decode_as_continuation(tokenizer)   # completions keep the space they start with (SentencePiece decoders)
+    return tokenizer
 
 
 def quantize_int8(model):
@@ -266,4 +285,5 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
         model=model, tokenizer=tokenizer, device=dev, dtype=_DTYPES[prec], precision=prec, name=name,
         fim=fim_format, path=Path(location) if kind == "dir" else None,
         context_length=context_limit(tokenizer, model), stop_ids=stop_token_ids(tokenizer, fim_format),
+        tokenizer_source="embedded" if spec is None else str(location),
     )

@@ -1,20 +1,28 @@
-"""Prompt formats: plain prefix, and fill-in-the-middle per model family.
+"""Prompt formats: plain prefix, and fill-in-the-middle per model family, in PSM or SPM order.
 
 The prompt is assembled as token ids, piece by piece (special tokens by id, text pieces encoded without
 special tokens), so that left-truncation to the model's context works on ids and never splits a special
 token:
 
-    [bos?] PREFIX_MARK enc(prefix) SUFFIX_MARK enc(suffix) MIDDLE_MARK enc(middle)
+    psm  [bos?] PREFIX_MARK enc(prefix) SUFFIX_MARK enc(suffix) MIDDLE_MARK enc(middle)
+    spm  [bos?] PREFIX_MARK SUFFIX_MARK enc(suffix) MIDDLE_MARK enc(prefix) enc(middle)
 
 `middle` is text the infill already starts with (the cursor line's text before the cursor, in the layout that
-keeps the prompt's start stable while a person types on a line: rest_lsp/service/layout.py).
+keeps the prompt's start stable while a person types on a line). SPM (suffix first) is the order CodeLlama
+7B/13B and StarCoder were also trained on, laid out as Meta's `infilling_prompt_tokens(..., suffix_first=True)`
+and bigcode's Megatron FIM permutation do (prefix marker, suffix marker, suffix, middle marker, prefix): the
+suffix then comes before everything typing changes. Each family declares the orders it was trained with
+(`FimFormat.orders`); asking a family for another order is a ValueError.
 
 Families (chosen from the tokenizer's special tokens by `detect_fim`, overridable by name):
-    qwen       <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>   (Qwen2.5-Coder)
-    starcoder  <fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>          (StarCoder/StarCoder2, SantaCoder)
-    codellama  <PRE> {prefix} <SUF>{suffix} <MID>                            (CodeLlama: the suffix is encoded
-               without SentencePiece's leading space, as Meta's `encode_infilling` does)
-    deepseek   <｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>      (DeepSeek-Coder)
+    qwen       <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>   (Qwen2.5-Coder; psm)
+    starcoder  <fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>          (StarCoder/2, SantaCoder; psm, spm)
+    codellama  <PRE> {prefix} <SUF>{suffix} <MID>                            (CodeLlama; psm, spm:
+               <PRE> <SUF>{suffix} <MID> {prefix}). SentencePiece spacing as Meta's reference: the text that
+               starts the document (the prefix; in SPM or a plain prompt the middle when the prefix is empty)
+               carries the dummy-prefix space, `▁` + text even when the text starts with a space; the suffix
+               and the middle are encoded without it (`encode_infilling`); an infill ends at `<EOT>`.
+    deepseek   <｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>      (DeepSeek-Coder; psm)
 """
 from __future__ import annotations
 
@@ -30,8 +38,11 @@ class FimFormat:
     middle_token: str
     # tokens that end an infill (besides eos), when the vocabulary has them
     stop_tokens: tuple[str, ...] = ()
-    # CodeLlama: encode the suffix without the SentencePiece dummy-prefix space
+    # CodeLlama: SentencePiece spacing (the suffix and the middle without the dummy-prefix space, the first
+    # text of the document with it)
     suffix_no_leading_space: bool = False
+    # the orders the family was trained with: "psm" (prefix, suffix, middle) and/or "spm" (suffix first)
+    orders: tuple[str, ...] = ("psm",)
     # alternative spellings of the markers (first one present in the vocabulary wins)
     aliases: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -47,6 +58,13 @@ class FimFormat:
                 raise ValueError(f"FIM format {self.name!r}: the tokenizer has no token {t!r}")
         return ids[0], ids[1], ids[2]
 
+    def check_order(self, order: str) -> None:
+        """ValueError unless `order` is one this family was trained with."""
+        check_order_name(order)
+        if order not in self.orders:
+            raise ValueError(f"FIM format {self.name!r} was trained in the order(s) {', '.join(self.orders)}; "
+                             f"not {order!r}")
+
     def stop_token_ids(self, tokenizer) -> list[int]:
         vocab = _vocab(tokenizer)
         return [vocab[t] for t in self.stop_tokens if t in vocab]
@@ -58,15 +76,21 @@ FIM_FORMATS: dict[str, FimFormat] = {
                                    "<|im_end|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")),
     "starcoder": FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
                            stop_tokens=("<|endoftext|>", "<fim_pad>", "<file_sep>", "<fim_prefix>",
-                                        "<fim_suffix>", "<fim_middle>")),
+                                        "<fim_suffix>", "<fim_middle>"), orders=("psm", "spm")),
     "codellama": FimFormat("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", stop_tokens=("▁<EOT>", "<EOT>"),
-                           suffix_no_leading_space=True,
+                           suffix_no_leading_space=True, orders=("psm", "spm"),
                            aliases={"▁<PRE>": ("<PRE>",), "▁<SUF>": ("<SUF>",), "▁<MID>": ("<MID>",)}),
     "deepseek": FimFormat("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
                           stop_tokens=("<｜end▁of▁sentence｜>", "<|EOT|>")),
 }
 # the order detection tries them in
 _DETECT_ORDER = ("qwen", "deepseek", "starcoder", "codellama")
+ORDERS = ("psm", "spm")
+
+
+def check_order_name(order: str) -> None:
+    if order not in ORDERS:
+        raise ValueError(f"unknown FIM order {order!r}; one of {', '.join(ORDERS)}")
 
 
 def _vocab(tokenizer) -> dict[str, int]:
@@ -133,6 +157,32 @@ def _encode_no_leading_space(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def _encode_document_start(tokenizer, text: str) -> list[int]:
+    """Encode text that starts a document as SentencePiece does (Meta's `Tokenizer.encode`): `▁` + text.
+
+    transformers 5 loads Llama/CodeLlama tokenizers with a Metaspace pre-tokenizer (prepend_scheme "first")
+    that adds no `▁` before text already starting with a space, where SentencePiece does; there the space
+    is added by hand, as transformers' own CodeLlama infilling does (" " + prefix)."""
+    ids = _encode(tokenizer, text)
+    if ids and text.startswith(" ") and _skips_dummy_before_space(tokenizer):
+        return _encode(tokenizer, " " + text)
+    return ids
+
+
+def _skips_dummy_before_space(tokenizer) -> bool:
+    """True for a tokenizer with a SentencePiece dummy prefix that it leaves out before a leading space."""
+    cached = getattr(tokenizer, "_rest_lsp_skips_dummy", None)
+    if cached is None:
+        a = _encode(tokenizer, "a")
+        first = tokenizer.convert_ids_to_tokens(a[0]) if a else ""
+        cached = isinstance(first, str) and first.startswith("▁") and _encode(tokenizer, " a") == a
+        try:
+            tokenizer._rest_lsp_skips_dummy = cached
+        except Exception:
+            pass
+    return cached
+
+
 def _leading_special(tokenizer) -> list[int]:
     """[bos] when the tokenizer adds one by default (Llama, DeepSeek), else [] (Qwen, StarCoder)."""
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -159,28 +209,38 @@ def context_limit(tokenizer, model=None) -> int | None:
 
 
 def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | None, *,
-                 middle: str = "", max_tokens: int | None = None, suffix_share: float = 0.25) -> list[int]:
+                 middle: str = "", order: str = "psm", max_tokens: int | None = None,
+                 suffix_share: float = 0.25) -> list[int]:
     """Token ids of the prompt for completing at the cursor between `prefix` + `middle` and `suffix`.
 
     - `fim` None or `suffix` None: a plain prefix prompt, enc(prefix) + enc(middle). Otherwise
       fill-in-the-middle (an empty suffix still uses the FIM format, so the model knows where the text ends),
       with `middle` after the middle marker: the start of the infill, already typed.
+    - `order`: "psm", or "spm" (suffix first; the prefix and then the middle follow the middle marker). A FIM
+      format not trained in that order raises ValueError; a plain prompt has no order to honour.
     - prefix and middle are encoded apart, so that appending to the middle never changes the prefix's tokens.
     - `max_tokens` (default: the tokenizer's model_max_length when it is a real limit): a longer prompt
       drops tokens from the left of the prefix and keeps the end of the prefix; the suffix (its start, next
       to the cursor) keeps at most `suffix_share` of the budget when the prefix needs the room.
     - An empty prompt yields one start token (bos, else eos) so there is always something to condition on.
     Raises ValueError when `max_tokens` cannot hold even the format's own tokens plus one prefix token."""
+    check_order_name(order)
     if max_tokens is None:
         max_tokens = context_limit(tokenizer)
     lead = _leading_special(tokenizer)
     use_fim = fim is not None and suffix is not None
-    pre = _encode(tokenizer, prefix or "")
-    mid = _encode_no_leading_space(tokenizer, middle)   # it continues text: no SentencePiece dummy space
+    if use_fim:
+        fim.check_order(order)
+    sentencepiece = use_fim and fim.suffix_no_leading_space
+    spm = use_fim and order == "spm"
+    # the middle continues the prefix, so it has no dummy space; but with an empty prefix, in SPM or a plain
+    # prompt it is the text's start (in PSM the middle marker sits between them either way)
+    middle_starts_text = not prefix and (spm or not use_fim)
+    pre = (_encode_document_start if sentencepiece else _encode)(tokenizer, prefix or "")
+    mid = (_encode if middle_starts_text else _encode_no_leading_space)(tokenizer, middle)
     if use_fim:
         p_id, s_id, m_id = fim.token_ids(tokenizer)
-        enc = _encode_no_leading_space if fim.suffix_no_leading_space else _encode
-        suf = enc(tokenizer, suffix)
+        suf = (_encode_no_leading_space if sentencepiece else _encode)(tokenizer, suffix)
         overhead = len(lead) + 3
     else:
         suf = []
@@ -197,7 +257,9 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | No
             suf = suf[:suf_budget]
             keep = avail - len(suf)
             pre = pre[len(pre) - keep:] if keep > 0 else []
-    if use_fim:
+    if spm:
+        ids = lead + [p_id, s_id] + suf + [m_id] + pre + mid
+    elif use_fim:
         ids = lead + [p_id] + pre + [s_id] + suf + [m_id] + mid
     else:
         ids = lead + pre + mid
@@ -209,6 +271,40 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | No
             raise ValueError("empty prompt and the tokenizer has neither a bos nor an eos token")
         ids = [start]
     return ids
+
+
+def decode_as_continuation(tokenizer) -> bool:
+    """Make `tokenizer.decode` keep the space a completion starts with; returns whether it changed anything.
+
+    SentencePiece-style decoders (Llama, CodeLlama: a `Strip` of one leading space, or a Metaspace decoder
+    that prepends) drop the first space of what they decode, undoing the dummy prefix of a whole document.
+    Completions continue a document, so their first space is real: `▁return` after `x =` is " return"
+    (Meta decodes infills the same way: `decode_infilling`). Byte-level decoders are left as they are."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.decoder is None:
+        return False
+    spec = json.loads(backend.to_str())
+    decoder = _without_leading_strip(spec["decoder"])
+    if decoder == spec["decoder"]:
+        return False
+    spec["decoder"] = decoder
+    backend.decoder = Tokenizer.from_str(json.dumps(spec)).decoder
+    return True
+
+
+def _without_leading_strip(d: dict | None) -> dict | None:
+    if not isinstance(d, dict):
+        return d
+    if d.get("type") == "Sequence":
+        return {**d, "decoders": [_without_leading_strip(x) for x in d["decoders"]
+                                  if not (x.get("type") == "Strip" and x.get("content") == " " and x.get("start"))]}
+    if d.get("type") == "Metaspace" and (d.get("prepend_scheme") not in (None, "never") or d.get("add_prefix_space")):
+        return {**{k: v for k, v in d.items() if k != "add_prefix_space"}, "prepend_scheme": "never"}
+    return d
 
 
 def stop_token_ids(tokenizer, fim: FimFormat | None = None) -> list[int]:

@@ -3,8 +3,8 @@
     make_verifier_or_eager(loaded, kind) -> Verifier
         "auto": rest_lsp.model.fast's verifier where it supports the model, else the eager HFVerifier (any
         error building the fast one is logged, never raised: the eager verifier runs every HF causal LM);
-        "eager", "packed", "screened", "compiled": exactly that kind, its errors raised.
-    verifier_kind(verifier) -> "eager" | "packed" | "screened" | "compiled"
+        "eager", "packed", "screened", "compiled", "static": exactly that kind, its errors raised.
+    verifier_kind(verifier) -> "eager" | "packed" | "screened" | "compiled" | "static"
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rest_lsp.engine.verifier import HFVerifier, Verifier
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "eager", "packed", "screened", "compiled")
+KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 
 
 def make_verifier_or_eager(loaded: Any, kind: str = "auto", **kwargs) -> Verifier:

@@ -130,10 +130,11 @@ class EngineBackend:
         """The daemon is closing (the inference thread has stopped): keep the history."""
         self.save_history()
 
-    def tokenizer_spec(self) -> str | None:
-        """What the indexer needs to load the same tokenizer (a model dir; None for the embedded model)."""
-        path = getattr(self.loaded, "path", None)
-        return str(path) if path is not None else None
+    def tokenizer_spec(self):
+        """The model's own tokenizer, for every datastore (workspace and its live buffers, corpus): a copy with
+        the model tokenizer's vocabulary (LoadedModel.indexer_tokenizer), whichever way the model was named
+        (directory, hub id, .gguf, embedded). A store built in another vocabulary is refused by its fingerprint."""
+        return getattr(self.loaded, "indexer_tokenizer", None) or self.loaded.tokenizer
 
     def encode(self, text: str) -> list[int]:
         return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))

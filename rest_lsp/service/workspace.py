@@ -207,7 +207,7 @@ class WorkspaceIndex:
                 log.exception("indexing task %s failed", kind)
                 self.notify("error", f"indexing ({kind}) failed: {type(exc).__name__}: {exc}")
 
-    def _tokenizer_spec(self) -> tuple[Any, str | None]:
+    def _tokenizer_spec(self) -> tuple[Any, Any]:
         self.service.worker.wait_loaded()
         backend = self.service.worker.backend
         if backend is None:

@@ -42,3 +42,10 @@ def prompts_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("bench-prompts") / "prompts.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
+
+
+@pytest.fixture(scope="session")
+def tiny_codellama_dir(tmp_path_factory):
+    from rest_lsp.model.tiny import make_tiny_codellama_dir
+
+    return make_tiny_codellama_dir(tmp_path_factory.mktemp("bench-codellama") / "model", seed=0)

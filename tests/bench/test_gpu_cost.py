@@ -20,17 +20,23 @@ def test_gpu_cost_script_runs_on_a_tiny_shape(tmp_path):
                             "--past", "16,40", "--repeats", "1", "--replay", str(tmp_path / "replay.json"),
                             "--json", str(out)])
     assert json.loads(out.read_text())["shape"] == "tiny" and set(report["curves"]) == {"16", "40"}
-    curve = report["curves"]["40"]
-    ms = curve["ms"]
-    assert set(ms) == {1, 2, 4} and all(v > 0 for v in ms.values())
-    rows = {r["budget"]: r for r in curve["projected"]}
-    assert set(rows) == {3, "auto"}  # 64 nodes is beyond the measured q = 4: left out, not extrapolated
-    assert rows[3]["q"] == 4 and rows[3]["cost_ratio"] == pytest.approx(ms[4] / ms[1])
-    assert rows[3]["projected_speedup"] == pytest.approx(2.0 * ms[1] / ms[4])
-    assert rows["auto"]["cost_ratio"] == pytest.approx(ms[2] / ms[1])
+    assert set(report["curves"]["40"]) == {"eager", "static", "static-lowp"}
+    for kind, curve in report["curves"]["40"].items():
+        ms = curve["ms"]
+        assert set(ms) == {1, 2, 4} and all(v > 0 for v in ms.values()), kind
+        rows = {r["budget"]: r for r in curve["projected"]}
+        assert set(rows) == {3, "auto"}  # 64 nodes is beyond the measured q = 4: left out, not extrapolated
+        assert rows[3]["q"] == 4 and rows[3]["cost_ratio"] == pytest.approx(ms[4] / ms[1])
+        assert rows[3]["projected_speedup"] == pytest.approx(2.0 * ms[1] / ms[4])
+        assert rows["auto"]["cost_ratio"] == pytest.approx(ms[2] / ms[1])
 
 
 def test_gpu_cost_refuses_without_cuda(monkeypatch):
     monkeypatch.setattr(gpu_cost.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
         gpu_cost.main(["--device", "cuda"])
+
+
+def test_gpu_cost_rejects_unknown_kinds():
+    with pytest.raises(SystemExit, match="--kinds"):
+        gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--kinds", "eager,warp"])

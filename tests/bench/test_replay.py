@@ -118,7 +118,8 @@ def test_first_k_is_suffix_array_order(tiny_lm, corpus_dir):
     ds = Datastore.open(corpus_dir, tokenizer=str(tiny_lm.path))
     (sh,) = ds._snapshot
     stored = np.asarray(sh.tok, dtype=np.int64)[: sh.n]  # as stored (ids, or ranks when compacted)
-    context = tiny_lm.tokenizer.encode("        if ", add_special_tokens=False)
+    # no trailing space: the model's encoding attaches a space to the word after it
+    context = tiny_lm.tokenizer.encode("        if", add_special_tokens=False)
     r = ds.search(context, n_max=16, n_min=1, k=5, max_len=3, first_k=True)
     n, conts = r.match_len, [(c.tokens, c.count) for c in r.continuations]
     encoded = sh.encode(np.asarray(context, dtype=np.int64))

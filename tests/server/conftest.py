@@ -184,3 +184,11 @@ async def user_cache_session(tmp_path):
     await s.start()
     yield s
     await s.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_codellama(tmp_path_factory) -> Path:
+    """The tiny Llama model in CodeLlama's layout (32,016 ids, its infill tokens, hub-style tokenizer files)."""
+    from rest_lsp.model.tiny import make_tiny_codellama_dir
+
+    return make_tiny_codellama_dir(tmp_path_factory.mktemp("tiny-codellama") / "model")
