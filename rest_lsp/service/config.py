@@ -31,6 +31,8 @@ class ServerConfig:
     predict_budget_ms: int = 200        # after the prompt, an Automatic request shows the complete lines or
                                         # words decided by then; 0: wait for the first line (or time_budget_ms)
     layout: str = "auto"                # prompt layout: auto | line | psm | spm (rest_lsp/service/layout.py)
+    middle_lines: int = 16              # line layout: lines typed above the cursor kept in the prompt's middle,
+                                        # so a new line needs no recomputation of the suffix; 0: the cursor line
     warm_up: bool = True                # extend the KV cache at the cursor while the user types
     predict_ahead: bool = True          # after a shown suggestion, predict as if it were accepted
     kv_cache_mb: int = 256              # memory for the KV caches of other documents and places (0: one cache)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .config import MODEL_KEYS, ServerConfig, merge
 from .datastores import DatastoreSet
+from .layout import Anchor, next_anchor
 from .prediction import Prediction, PredictionStore, View, answer
 from .prompt import CompletionContext, PositionError, Selected, build_context, shape_completion
 from .stats import Stats
@@ -37,6 +40,7 @@ from .worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted, 
 log = logging.getLogger(__name__)
 
 SAMPLING_TEMPERATURE = 0.8  # the alternatives of an Invoked request
+MIDDLE_CHARS = 1500  # the most text an anchored prompt middle holds (then it starts again at the cursor line)
 POLL_S = 0.1  # how often a request waiting for the model to load looks again
 
 
@@ -119,6 +123,8 @@ class CompletionService:
         self.stats = Stats()
         self.on_model_ready: list[Callable[[Backend], None]] = []  # run on the inference thread
         self._waiters: dict[str, list[_Waiter]] = {}  # requests waiting for an answer, per document
+        self._anchors: OrderedDict[str, Anchor] = OrderedDict()  # where each document's prompt middle starts
+        self._anchors_lock = threading.Lock()
         self._apply_log_path()
 
     # -- lifecycle and configuration --------------------------------------------------------------
@@ -214,7 +220,7 @@ class CompletionService:
         stats = self.stats
 
         def warm(backend: Backend):
-            run = backend.start(uri, ctx, cfg, purpose="warm")
+            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor)
             try:
                 while not run.done:
                     backend.advance(run)
@@ -225,6 +231,7 @@ class CompletionService:
                 stats.count("warm_tokens", f.get("computed_tokens", 0))
                 stats.count("warm_forwards", f.get("forwards", 0))
 
+        anchor = self._anchor(uri, ctx)
         self.stats.count("warmups")
         self.worker.submit(Job(uri, warm, kind="warm", priority=WARM))
 
@@ -233,9 +240,10 @@ class CompletionService:
         pred = Prediction(uri, ctx, origin)
         cfg = self.config
         stats = self.stats
+        anchor = self._anchor(uri, ctx)
 
         def predict(backend: Backend):
-            run = backend.start(uri, ctx, cfg, purpose="predict")
+            run = backend.start(uri, ctx, cfg, purpose="predict", anchor=anchor)
             aborted = "stopped"
             try:
                 while not run.done:
@@ -253,8 +261,10 @@ class CompletionService:
                 self._predict_ahead(pred)
 
         pred.job = job = Job(uri, predict, kind="predict", priority=priority)
-        # a job stopped before its first step never runs its `finally`: its waiters must still hear of it
-        job.future.add_done_callback(lambda f: pred.done or pred.finish("stopped", aborted=job.reason or "dropped"))
+        # a job stopped before its first step (or failing in it) never runs its `finally`: its waiters must
+        # still hear of it
+        job.future.add_done_callback(lambda f: pred.done or pred.finish(
+            "stopped", aborted=job.reason or ("error" if f.exception() is not None else "dropped")))
         self._drop_predictions(self.predictions.add(pred), "dropped")
         self.stats.count("predictions" if origin == "request" else "ahead_predictions")
         self.worker.submit(pred.job)
@@ -275,6 +285,19 @@ class CompletionService:
             return
         if self.predictions.find(pred.uri, ctx) is None:
             self._predict(pred.uri, ctx, origin="ahead", priority=AHEAD)
+
+    def _anchor(self, uri: str, ctx: CompletionContext) -> int | None:
+        """Where the document's prompt middle starts for this cursor (the same for a warm-up and the requests
+        after it: rest_lsp/service/layout.py `next_anchor`)."""
+        cfg = self.config
+        if cfg.middle_lines <= 0:
+            return None
+        with self._anchors_lock:
+            anchor = next_anchor(ctx, self._anchors.pop(uri, None), cfg.middle_lines, MIDDLE_CHARS)
+            self._anchors[uri] = anchor
+            while len(self._anchors) > 64:
+                self._anchors.popitem(last=False)
+        return anchor.offset
 
     def _stop_prediction(self, pred: Prediction, reason: str) -> None:
         if pred.job is not None and pred.live:
@@ -340,7 +363,7 @@ class CompletionService:
             pred.waiting -= 1
             if pred.live and pred.waiting == 0:
                 self.worker.set_priority(pred.job, AHEAD)  # go on predicting, behind everything else
-        if why in ("superseded", "stale", "dropped"):
+        if why in ("superseded", "stale", "dropped", "error"):
             return finish("superseded" if why == "stale" else why, [])
         if why == "unavailable":
             finish("error", [], reason=self.worker.error)
@@ -423,6 +446,7 @@ class CompletionService:
         """Sampled completions for an Invoked request, within what is left of its time budget."""
         cfg = self.config
         out: list[str] = []
+        anchor = self._anchor(uri, ctx)
         for seed in range(1, cfg.alternatives):
             left = cfg.time_budget_ms / 1000 - (time.perf_counter() - arrived) if cfg.time_budget_ms else None
             if left is not None and left <= 0.05:
@@ -430,7 +454,8 @@ class CompletionService:
             deadline = None if left is None else time.perf_counter() + max(left, 0.2 * cfg.time_budget_ms / 1000)
 
             def sample(backend: Backend, seed=seed, deadline=deadline):
-                run = backend.start(uri, ctx, cfg, purpose="sample", temperature=SAMPLING_TEMPERATURE, seed=seed)
+                run = backend.start(uri, ctx, cfg, purpose="sample", temperature=SAMPLING_TEMPERATURE, seed=seed,
+                                    anchor=anchor)
                 try:
                     while not run.done and (deadline is None or time.perf_counter() < deadline):
                         backend.advance(run)
@@ -439,8 +464,12 @@ class CompletionService:
                     backend.stop(run, "time")
                 return run.text, run.done
 
+            job = self.worker.submit(Job(uri, sample, kind="sample"))
             try:
-                raw, complete = await asyncio.wrap_future(self.worker.submit(Job(uri, sample, kind="sample")).future)
+                raw, complete = await asyncio.shield(asyncio.wrap_future(job.future))
+            except asyncio.CancelledError:
+                self.worker.stop(job, "cancelled")
+                raise
             except (JobAborted, ModelUnavailable):
                 break
             t = shape_completion(raw, ctx, max_lines=cfg.max_lines, truncated=not complete)

@@ -16,8 +16,11 @@ computed again (several ms per token on a CPU). The layouts differ in what a key
            CodeLlama, StarCoder): typing appends to the prompt's end; only an edit after the cursor recomputes
 
 The prefix window starts at a stable line boundary (rest_lsp/service/prompt.py), so the start of the prompt
-stays put while the user types. `auto` picks the family's cache-friendly layout (docs/daemon.md: its quality
-against psm was measured before it became the default).
+stays put while the user types. In the line layout the middle may also start some lines above the cursor (an
+`Anchor`, kept per document while the person types below it): a new line then only appends to the middle,
+and the suffix window is not computed again at every Enter. `auto` picks the family's cache-friendly layout
+(docs/daemon.md: its quality against psm, and an anchored middle's against the cursor line alone, were
+measured before it became the default: benchmarks/bench_layout.py).
 """
 from __future__ import annotations
 
@@ -73,6 +76,26 @@ def prompt_parts(ctx: CompletionContext, layout: str, max_prefix_chars: int, max
     m = _OPEN_END.search(middle)
     cut = m.start() if m else len(middle)
     return PromptParts(lines, suffix, middle[:cut], "psm", lead=middle[cut:])
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Where the prompt's middle starts: a line start in the text before the cursor."""
+
+    offset: int
+    before: str  # the text just before it: an edit there means the place is not the same any more
+
+
+def next_anchor(ctx: CompletionContext, previous: Anchor | None, max_lines: int, max_chars: int) -> Anchor:
+    """The previous anchor while the cursor stays below it, within `max_lines` lines and `max_chars`
+    characters of it, and the text before it is unchanged; else the start of the cursor's line."""
+    line_start = ctx.prefix.rfind("\n") + 1
+    if previous is not None and previous.offset <= line_start \
+            and ctx.prefix[max(0, previous.offset - len(previous.before)):previous.offset] == previous.before \
+            and ctx.prefix.count("\n", previous.offset, line_start) < max_lines \
+            and len(ctx.prefix) - previous.offset <= max_chars:
+        return previous
+    return Anchor(line_start, ctx.prefix[max(0, line_start - 64):line_start])
 
 
 def strip_lead(text: str, lead: str) -> str:

@@ -79,3 +79,27 @@ def test_strip_lead():
     assert strip_lead(" re", " ret") == ""  # still spelling it out
     assert strip_lead(" if x", " ret") == ""  # not what was typed: nothing to show
     assert strip_lead("abc", "") == "abc"
+
+
+def test_an_anchor_keeps_the_lines_typed_below_it_in_the_middle():
+    from rest_lsp.service.layout import next_anchor
+
+    def ctx_at(typed):
+        text = BODY + typed + AFTER
+        prefix = BODY + typed
+        return build_context(text, prefix.count("\n"), len(prefix) - prefix.rfind("\n") - 1)
+
+    first = ctx_at("        x = 1")
+    a = next_anchor(first, None, max_lines=3, max_chars=1000)
+    assert a.offset == len(BODY)  # the cursor line's start
+    later = ctx_at("        x = 1\n        y = 2\n        z")
+    assert next_anchor(later, a, max_lines=3, max_chars=1000) == a  # kept: two lines below it
+    p = prompt_parts(later, "line", 3000, 300, anchor=a.offset)
+    assert p.prefix == BODY and p.middle == "        x = 1\n        y = 2\n       " and p.lead == " z"
+    # the suffix and everything before the anchor are the same for every keystroke and every new line
+    assert (p.prefix, p.suffix) == (parts_at("        x = 1", "line").prefix, AFTER)
+    far = ctx_at("        x = 1\n        y = 2\n        z = 3\n        w = 4\n        v")
+    moved = next_anchor(far, a, max_lines=3, max_chars=1000)
+    assert moved.offset == len(far.prefix) - len("        v")  # past max_lines: the cursor line again
+    edited = build_context("import sys\n" + BODY[10:] + "        x = 1\n        y" + AFTER, 7, 9)
+    assert next_anchor(edited, a, max_lines=3, max_chars=1000) != a  # the text before it changed
