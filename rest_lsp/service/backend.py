@@ -157,7 +157,7 @@ class EngineBackend:
 
         self.config_seen = config
         parts = self.prompt_parts(ctx, config, anchor)
-        prompt = self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle,
+        prompt = self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle, order=parts.order,
                                           max_new_tokens=config.max_tokens)
         if purpose == "warm":
             return CompletionRun(self.engine.start(prompt, GenerationConfig(max_new_tokens=0), key=key,

@@ -66,8 +66,10 @@ def prompt_parts(ctx: CompletionContext, layout: str, max_prefix_chars: int, max
     suffix = ctx.prompt_suffix(max_suffix_chars)
     if layout == "psm":
         return PromptParts(window, suffix, "", "psm")
-    if layout == "spm":
-        return PromptParts(window, suffix, "", "spm")
+    if layout == "spm":  # the text before the cursor ends the prompt: its open end is healed too
+        m = _OPEN_END.search(window[window.rfind("\n") + 1:])
+        cut = len(window) - (len(m.group(0)) if m else 0)
+        return PromptParts(window[:cut], suffix, "", "spm", lead=window[cut:])
     nl = window.rfind("\n")
     start = len(ctx.prefix) - len(window)
     if anchor is not None and start <= anchor <= start + nl + 1 and (anchor == 0 or ctx.prefix[anchor - 1] == "\n"):

@@ -103,3 +103,9 @@ def test_an_anchor_keeps_the_lines_typed_below_it_in_the_middle():
     assert moved.offset == len(far.prefix) - len("        v")  # past max_lines: the cursor line again
     edited = build_context("import sys\n" + BODY[10:] + "        x = 1\n        y" + AFTER, 7, 9)
     assert next_anchor(edited, a, max_lines=3, max_chars=1000) != a  # the text before it changed
+
+
+def test_spm_puts_the_suffix_first_and_heals_the_end_of_the_text_before_the_cursor():
+    p = parts_at("        return da", "spm")
+    assert p.order == "spm" and p.suffix == AFTER
+    assert p.prefix == BODY + "        return" and p.lead == " da" and p.middle == ""
