@@ -300,6 +300,55 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
     }
 
 
+async def invoked_checks(ws: Path, root: Path, options: dict, log_dir: Path) -> dict:
+    """The two Invoked cases of issue 11 over the protocol: a request made while the model loads (answered
+    after the load, non-empty), and the first Invoked request in a 1,000-line file opened 10 s earlier, the
+    cursor resting at the position for 3 s (rest/cursor, as this project's clients send it)."""
+    big = max(python_files(root), key=lambda p: p.read_text(encoding="utf-8").count("\n"))
+    text = (ws / big.relative_to(root)).read_text(encoding="utf-8")
+    bodies = [b for b in function_bodies(text, 2, 12) if b[0] > 600] or function_bodies(text, 2, 12)
+    first, last, indent = bodies[0]
+    lines = text.split("\n")
+    doc = "\n".join(lines[:first] + [" " * indent] + lines[last + 1:])
+    out: dict = {"file": big.name, "lines": doc.count("\n") + 1, "line": first}
+    server = Server(log_dir / "invoked")
+    await server.start()
+    try:
+        await server.initialize({"persistHistory": False, "cacheDir": str(log_dir / "invoked" / "cache"), **options},
+                                [ws])
+        ed = Editor(server, ws / big.relative_to(root), doc)
+        t0 = time.perf_counter()
+        params = types.InlineCompletionParams(
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+            text_document=types.TextDocumentIdentifier(uri=ed.uri), position=types.Position(first, indent))
+        r = await server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params)
+        st = await server.stats()
+        out["while_loading"] = {"answered_s": round(time.perf_counter() - t0, 2), "load_s": st["model"].get("load_s"),
+                                "non_empty": bool(r.items and r.items[0].insert_text)}
+        # the same file, another function: opened (again) 10 s before the request, the cursor resting 3 s
+        first2, last2, indent2 = bodies[-1]
+        doc2 = "\n".join(lines[:first2] + [" " * indent2] + lines[last2 + 1:])
+        uri2 = (ws / big.relative_to(root)).with_name("opened_" + big.name).as_uri()
+        server.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri2, language_id="python", version=1, text=doc2)))
+        await asyncio.sleep(7.0)
+        server.client.protocol.notify("rest/cursor", {"textDocument": {"uri": uri2},
+                                                      "position": {"line": first2, "character": indent2}})
+        await asyncio.sleep(3.0)
+        t0 = time.perf_counter()
+        params = types.InlineCompletionParams(
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+            text_document=types.TextDocumentIdentifier(uri=uri2), position=types.Position(first2, indent2))
+        r = await server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params)
+        out["opened_and_rested"] = {"answered_ms": round((time.perf_counter() - t0) * 1000),
+                                    "non_empty": bool(r.items and r.items[0].insert_text),
+                                    "items": len(r.items or []), "line": first2}
+        print(f"invoked: {out}", file=sys.stderr)
+    finally:
+        await server.close()
+    return out
+
+
 def parse_value(v: str):
     try:
         return json.loads(v)
@@ -320,6 +369,8 @@ async def main_async(args) -> dict:
                   "methods": {}}
         for name in args.methods.split(","):
             report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs")
+        if not args.no_invoked:
+            report["invoked"] = await invoked_checks(ws, root, {**methods["rest"], **extra}, work / "logs")
         return report
     finally:
         if not args.keep:
@@ -340,6 +391,13 @@ def table(report: dict) -> str:
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
+    inv = report.get("invoked")
+    if inv:
+        w, o = inv["while_loading"], inv["opened_and_rested"]
+        out.append(f"Invoked while the model loads: answered {w['answered_s']} s after the request (load "
+                   f"{w['load_s']} s), non-empty: {w['non_empty']}")
+        out.append(f"Invoked in a {inv['lines']}-line file opened 10 s before, cursor resting 3 s: "
+                   f"{o['answered_ms']} ms, non-empty: {o['non_empty']}")
     return "\n".join(out)
 
 
@@ -355,6 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], help="a server setting for every method, KEY=VALUE")
     p.add_argument("--keep", action="store_true", help="keep the workspace and the server logs")
     p.add_argument("--trace", action="store_true", help="every pause's text, answer and latency in the JSON")
+    p.add_argument("--no-invoked", action="store_true", help="leave out the two Invoked checks")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     report = asyncio.run(main_async(args))
