@@ -134,7 +134,7 @@ class CompletionService:
         """Apply settings; returns (changed setting names, problems). Model settings reload the model."""
         new, changed, problems = merge(self.config, settings)
         for p in problems:
-            self._notify("warning", f"configuration: {p}")
+            self._notify("problem", f"configuration: {p}")
         self.config = new
         self.worker.queue_size = max(1, new.queue_size)
         if changed & (MODEL_KEYS | {"corpus"}) and self.worker.state != "idle":   # idle: start() loads it
