@@ -12,7 +12,7 @@ from . import discover as disc
 from .manifest import (SHARD_DIR, Doc, pack_docs, read_manifest, remove_unreferenced, write_manifest,
                        writer_lock)
 from .shard import join_documents, sentinel_for_width, width_for_vocab, write_shard
-from .store import content_hash
+from .ingest import read_document
 from .types import IndexerError
 
 MAX_SHARD_TOKENS = 1 << 27  # 134M tokens: keeps one suffix sort's memory bounded
@@ -134,7 +134,7 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
         docs: dict[str, Doc] = {}
         shard_metas = []
         tokenize_s = sort_s = write_s = 0.0
-        undecodable = 0
+        undecodable = masked_lines = masked_files = 0
         pending_ids: list = []
         pending_meta: list = []
         pending_tokens = 0
@@ -146,14 +146,15 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
             if not pending_ids:
                 return
             arr, spans = join_documents(pending_ids, width)
+            pending_ids.clear()   # join_documents copied them: do not hold the tokens twice while sorting
             sid = f"s{next_shard:06d}"
             next_shard += 1
             meta, tm = write_shard(shard_dir, sid, kind, arr, width, fp["vocab_size"])
             sort_s += tm["sort_s"]
             write_s += tm["write_s"]
             shard_metas.append(meta)
-            for (key, size, mtime, h), (a, b) in zip(pending_meta, spans):
-                docs[key] = Doc(size, mtime, h, sid, a, b)
+            for (key, size, mtime, h, masked), (a, b) in zip(pending_meta, spans):
+                docs[key] = Doc(size, mtime, h, sid, a, b, masked)
             pending_ids, pending_meta, pending_tokens = [], [], 0
 
         batch_text, batch_meta, batch_bytes = [], [], 0
@@ -167,22 +168,27 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
             arrs = [np.array(x, dtype=np.int64) for x in ids]
             tokenize_s += time.perf_counter() - t
             for a, meta in zip(arrs, batch_meta):
-                if pending_tokens + a.size + 1 > max_shard_tokens and pending_ids:
-                    flush_shard()
-                pending_ids.append(a)
-                pending_meta.append(meta)
-                pending_tokens += a.size + 1
-                total_tokens += a.size
+                add(a, a.size, meta)
             bar.update(batch_bytes)
             batch_text, batch_meta, batch_bytes = [], [], 0
+
+        def add(tokens, n: int, meta: tuple) -> None:
+            nonlocal pending_tokens, total_tokens
+            if pending_tokens + n + 1 > max_shard_tokens and pending_ids:
+                flush_shard()
+            pending_ids.append(tokens)
+            pending_meta.append(meta)
+            pending_tokens += n + 1
+            total_tokens += n
 
         try:
             for c in cands:
                 if max_tokens is not None and total_tokens >= max_tokens:
                     rep.skip("token_limit")
                     continue
+                t = time.perf_counter()
                 try:
-                    text, raw, bad, skip = disc.read_text(c.path, filters.max_file_size)
+                    doc = read_document(c.path, filters.max_file_size, tok)
                 except FileNotFoundError:
                     rep.skip("vanished")
                     continue
@@ -190,15 +196,23 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
                     rep.skip("unreadable")
                     rep.errors.append(f"cannot read {c.path}: {e.strerror or e}")
                     continue
-                if skip is not None:
-                    rep.skip(skip)
+                if doc.skip is not None:
+                    rep.skip(doc.skip)
                     continue
-                undecodable += bad
-                if bad:
+                undecodable += doc.undecodable
+                masked_lines += doc.masked_lines
+                masked_files += bool(doc.masked_lines)
+                if doc.undecodable:
                     rep.skip("files_with_undecodable_bytes_replaced")
-                batch_text.append(text)
-                batch_meta.append((str(c.path), len(raw), c.mtime_ns, content_hash(raw)))
-                batch_bytes += len(raw)
+                meta = (str(c.path), doc.size, c.mtime_ns, doc.hash, doc.masked_lines)
+                if doc.pieces is not None:   # a big file, tokenized in pieces as it was read
+                    tokenize_s += time.perf_counter() - t
+                    add(doc.pieces, doc.tokens, meta)
+                    bar.update(doc.size)
+                    continue
+                batch_text.append(doc.text)
+                batch_meta.append(meta)
+                batch_bytes += doc.size
                 if batch_bytes >= (BATCH_BYTES if max_tokens is None else min(BATCH_BYTES, max(1 << 16, max_tokens))):
                     flush_batch()
             flush_batch()
@@ -241,6 +255,8 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
         "tokens_per_s_tokenize": round(total_tokens / tokenize_s) if tokenize_s else None,
         "tokens_per_s_sort": round(total_tokens / sort_s) if sort_s else None,
         "undecodable_chars": undecodable,
+        "masked_lines": masked_lines,      # lines emptied because they carry a secret (indexer/secrets.py)
+        "masked_files": masked_files,
         "skipped": rep.skipped,
         "errors": rep.errors,
         "tokenizer": fp,

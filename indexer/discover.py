@@ -63,6 +63,14 @@ _SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS)
 MAX_FILE_SIZE = 1 << 20
 
 
+def is_secret_name(name: str) -> bool:
+    """Is a file of this name never indexed, whatever the filters (the deny-list above, and key material
+    by name: indexer/secrets.py)? Open buffers are checked with it too."""
+    from .secrets import is_key_material_name
+
+    return bool(_SECRETS.match_file(name)) or is_key_material_name(name)
+
+
 @dataclass
 class Filters:
     max_file_size: int = MAX_FILE_SIZE
@@ -103,7 +111,7 @@ class Filters:
                    use_gitignore=bool(d.get("use_gitignore", True)))
 
     def name_ok(self, name: str) -> bool:
-        if _SECRETS.match_file(name):
+        if is_secret_name(name):
             return False
         if self._exts is None:
             return True

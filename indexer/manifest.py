@@ -28,6 +28,7 @@ class Doc:
     shard: str
     start: int  # token span [start, end) inside the shard; a sentinel follows at `end`
     end: int
+    masked: int = 0  # lines emptied before tokenization because they carry a secret (a count, never values)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -46,12 +47,14 @@ def pack_docs(docs: dict[str, Doc]) -> dict:
         "shard": [d.shard for d in ds],
         "start": [d.start for d in ds],
         "end": [d.end for d in ds],
+        "masked": [d.masked for d in ds],
     }
 
 
 def unpack_docs(d: dict) -> dict[str, Doc]:
-    return {p: Doc(s, m, h, sh, a, b) for p, s, m, h, sh, a, b in zip(
-        d["path"], d["size"], d["mtime_ns"], d["hash"], d["shard"], d["start"], d["end"])}
+    masked = d.get("masked") or [0] * len(d["path"])   # stores built before secrets were counted
+    return {p: Doc(s, m, h, sh, a, b, k) for p, s, m, h, sh, a, b, k in zip(
+        d["path"], d["size"], d["mtime_ns"], d["hash"], d["shard"], d["start"], d["end"], masked)}
 
 
 def read_manifest(directory: Path) -> dict:

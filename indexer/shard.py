@@ -84,17 +84,26 @@ def compact_tokens(arr: np.ndarray, width: int, vocab_size: int | None = None):
     if width != 4 or arr.size == 0:
         return arr, width, None
     s = sentinel_for_width(4)
-    real = arr != s
-    top = int(vocab_size) if vocab_size else int(arr[real].max(initial=0)) + 1
+    # in slices, with the sentinel clipped onto an extra last slot: whole-array temporaries (masks, fancy
+    # indices, which numpy widens to int64) would cost several times the token array on a big shard
+    step = 1 << 20
+    top = int(vocab_size) if vocab_size else max(int(arr[i:i + step][arr[i:i + step] != s].max(initial=0))
+                                                  for i in range(0, arr.size, step)) + 1
     present = np.zeros(top + 1, dtype=bool)
-    present[arr[real]] = True
+    for i in range(0, arr.size, step):
+        part = arr[i:i + step]
+        if ((part >= top) & (part != s)).any():
+            raise TokenOutOfRange(f"token id {int(part[part != s].max())} is not below the vocabulary size {top}")
+        present[np.minimum(part, top)] = True
+    present[top] = False
     alpha = np.flatnonzero(present).astype(np.uint32)
     if alpha.size > 0xFFFE:
         return arr, width, None
-    rank = np.full(top + 1, 0xFFFF, dtype=np.uint16)
+    rank = np.full(top + 1, 0xFFFF, dtype=np.uint16)   # rank[top]: the sentinel
     rank[alpha] = np.arange(alpha.size, dtype=np.uint16)
-    stored = np.full(arr.size, 0xFFFF, dtype=np.uint16)
-    stored[real] = rank[arr[real]]
+    stored = np.empty(arr.size, dtype=np.uint16)
+    for i in range(0, arr.size, step):
+        np.take(rank, arr[i:i + step], mode="clip", out=stored[i:i + step])
     return stored, 2, alpha
 
 
@@ -496,21 +505,26 @@ def write_shard(shard_dir: Path, sid: str, kind: str, arr: np.ndarray, width: in
 
 
 def join_documents(token_lists, width: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Concatenate documents, each followed by a sentinel; returns (array, spans [start, end))."""
+    """Concatenate documents, each followed by a sentinel; returns (array, spans [start, end)). A document
+    is a sequence of ids or a list of id arrays (a big file tokenized in pieces, indexer/ingest.py); such a
+    list is emptied as its arrays are copied, so a big document is never held twice."""
     nd = native_dtype(width)
     s = sentinel_for_width(width)
-    parts, spans, pos = [], [], 0
-    sep = np.array([s], dtype=nd)
-    for ids in token_lists:
-        a = np.asarray(ids)
-        if a.size:
-            check_ids(a, width)
-        a = a.astype(nd, copy=False)
-        parts.append(a)
-        parts.append(sep)
-        spans.append((pos, pos + a.size))
-        pos += a.size + 1
-    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=nd)
+    docs = [d if isinstance(d, list) and d and isinstance(d[0], np.ndarray) else [np.asarray(d)]
+            for d in token_lists]
+    arr = np.empty(sum(int(p.size) for d in docs for p in d) + len(docs), dtype=nd)
+    spans, pos = [], 0
+    for d in docs:
+        start = pos
+        for k, p in enumerate(d):
+            if p.size:
+                check_ids(p, width)
+            arr[pos:pos + p.size] = p
+            pos += p.size
+            d[k] = None
+        arr[pos] = s
+        spans.append((start, pos))
+        pos += 1
     return arr, spans
 
 

@@ -38,6 +38,19 @@ def uri_to_path(uri: str) -> Path | None:
     return Path(p)
 
 
+def clean_buffer(uri: str, text: str):
+    """An open buffer as it may feed the drafts (indexer.secrets.Cleaned): skipped whole when its name or
+    content marks it as key material (`.env`, `id_rsa`, a PEM block), else with secret lines masked."""
+    from indexer.discover import is_secret_name
+    from indexer.secrets import KEY_MATERIAL, Cleaned, clean
+
+    path = uri_to_path(uri)
+    name = path.name if path is not None else urlparse(uri).path.rsplit("/", 1)[-1]
+    if name and is_secret_name(name):
+        return Cleaned("", 0, KEY_MATERIAL)
+    return clean(text, name)
+
+
 def default_cache_dir() -> Path:
     """REST_LSP_CACHE, else the user cache directory (the same root the model cache uses)."""
     env = os.environ.get("REST_LSP_CACHE")
@@ -80,6 +93,8 @@ class WorkspaceIndex:
         self._live: dict[str, Any] = {}            # open buffers: uri -> latest text (or a callable returning it)
         self._dirty: set[str] = set()              # buffers whose latest text is not fed yet
         self._too_big: set[str] = set()            # buffers over max_live_bytes (reported once)
+        self._masked: dict[str, int] = {}          # buffer -> lines masked because they carry a secret
+        self._secret: dict[str, str] = {}          # buffers never fed: key material (by name or content)
         self._live_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._closed = False
@@ -169,7 +184,9 @@ class WorkspaceIndex:
                     store_stats[key] = fn()
                 except Exception as exc:  # noqa: BLE001
                     store_stats[key] = {"error": str(exc)}
-        return {"folders": folders, "stores": store_stats, "open_buffers": len(self._live)}
+        return {"folders": folders, "stores": store_stats, "open_buffers": len(self._live),
+                "masked_live": {u: n for u, n in self._masked.items() if n},   # counts, never the values
+                "secret_buffers": sorted(self._secret)}
 
     def drafts(self, text: str, max_len: int = 10) -> dict:
         """What the workspace datastores propose after `text` (decoded), for debugging and tests."""
@@ -304,8 +321,17 @@ class WorkspaceIndex:
         backend = self.service.worker.backend
         if backend is None:
             return          # no model: nothing to tokenise with
-        ids = backend.encode(text)
         path = uri_to_path(uri)
+        cleaned = clean_buffer(uri, text)
+        if cleaned.skip is not None:   # key material by name or content: never fed, and gone if it was
+            if uri not in self._secret:
+                self._secret[uri] = cleaned.skip
+                self.notify("info", f"{uri}: {cleaned.skip}; it does not feed the drafts")
+            self._drop_live(uri, keep_text=True)
+            return
+        self._secret.pop(uri, None)
+        self._masked[uri] = cleaned.masked_lines
+        ids = backend.encode(cleaned.text)
         folder = self._folder_of(path) if path is not None else None
         ctx = backend.context
         if folder is not None and folder.state == "ready" and \
@@ -318,10 +344,13 @@ class WorkspaceIndex:
             # copy-on-write: the inference thread may be iterating the old dict
             ctx.buffers = {**ctx.buffers, uri: np.asarray(ids, dtype=np.int64)}
 
-    def _drop_live(self, uri: str) -> None:
-        with self._live_lock:
-            self._live.pop(uri, None)
-            self._dirty.discard(uri)
+    def _drop_live(self, uri: str, keep_text: bool = False) -> None:
+        if not keep_text:
+            with self._live_lock:
+                self._live.pop(uri, None)
+                self._dirty.discard(uri)
+            self._masked.pop(uri, None)
+            self._secret.pop(uri, None)
         for f in self.folders.values():
             if f.state == "ready":
                 self.service.repository.call(f.key, "drop_live", uri)
