@@ -87,7 +87,7 @@ class EngineBackend:
         self.engine.generate(self.encode("def main():\n    "), GenerationConfig(max_new_tokens=4))
 
     def _load_history(self, hf: HistoryFile) -> None:
-        from rest_lsp.engine.history import HistoryError
+        from rest_lsp.engine.history import HistoryError, set_aside
 
         self.history_file = hf
         try:
@@ -96,10 +96,8 @@ class EngineBackend:
             if not hf.path.exists():
                 return  # the first run: nothing saved yet
             # keep the unreadable file for inspection instead of writing over it
-            aside = hf.path.with_name(f"{hf.path.name}.unreadable-{int(time.time())}")
             try:
-                hf.path.replace(aside)
-                where = f"moved to {aside}"
+                where = f"moved to {set_aside(hf.path)}"
             except OSError:
                 self.history_file = None  # never overwrite what could not be moved aside
                 where = "left as it is, and this daemon saves no history"
@@ -119,6 +117,10 @@ class EngineBackend:
         except OSError as exc:
             log.warning("history not saved to %s: %s", hf.path, exc)
             return False
+        finally:
+            if hf.error is not None and hf.error != self.history_error:   # a damaged file found at the save
+                self.history_error = hf.error
+                log.warning("history file %s could not be read; %s", hf.path, hf.error)
         self._history_saved = time.monotonic()
         return True
 
