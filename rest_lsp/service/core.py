@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .cache import CompletionCache
-from .config import MODEL_KEYS, ServerConfig, merge
+from .config import MODEL_KEYS, ModelLimits, ServerConfig, check_against_model, limits_of, merge
 from .datastores import DatastoreSet
 from .prompt import CompletionContext, PositionError, Selected, build_context, shape_completion
 from .stats import Stats
@@ -29,7 +29,7 @@ TIME_STOPS = frozenset({"time", "time_budget", "timeout", "budget"})
 
 
 class ServiceError(Exception):
-    """A request the service cannot answer; code is "invalid_params" or "model_unavailable"."""
+    """A request the service cannot answer; code is "invalid_params", "model_unavailable" or "internal"."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -104,6 +104,7 @@ class CompletionService:
         self.repository = DatastoreSet()    # workspace datastores; rest_lsp/service/workspace.py fills it
         self.stats = Stats()
         self.on_model_ready: list[Callable[[Backend], None]] = []   # run on the inference thread
+        self.model_limits: ModelLimits | None = None   # the loaded model's, once it is loaded
         self._apply_log_path()
 
     # -- lifecycle and configuration --------------------------------------------------------------
@@ -123,6 +124,10 @@ class CompletionService:
                 self._notify("error", f"model failed to load: {type(exc).__name__}: {exc}")
                 raise
             self._notify("info", f"model {backend.name} ready in {time.perf_counter() - t0:.1f} s")
+            self._check_settings(limits_of(backend))
+            corpus_error = backend.describe().get("corpus") if cfg.corpus else None
+            if corpus_error not in (None, "loaded"):
+                self._notify("problem", f"the corpus {cfg.corpus} is not used: {corpus_error}")
             for callback in list(self.on_model_ready):
                 callback(backend)
             return backend
@@ -130,9 +135,22 @@ class CompletionService:
         self.cache.clear()
         self.worker.load(load)
 
+    def _check_settings(self, limits: ModelLimits) -> None:
+        """Fit the settings to the model just loaded (ModelLimits); what had to change is shown."""
+        self.model_limits = limits
+        self.config, problems = check_against_model(self.config, limits)
+        for p in problems:
+            self._notify("problem", f"configuration: {p}")
+        self.stats.config_problems = problems
+
     def configure(self, settings: Any) -> tuple[set[str], list[str]]:
         """Apply settings; returns (changed setting names, problems). Model settings reload the model."""
         new, changed, problems = merge(self.config, settings)
+        if self.model_limits is not None and not changed & MODEL_KEYS:   # a new model is checked once loaded
+            new, more = check_against_model(new, self.model_limits)
+            changed = {k for k in vars(new) if getattr(new, k) != getattr(self.config, k)}
+            problems += more
+            self.stats.config_problems = more
         for p in problems:
             self._notify("problem", f"configuration: {p}")
         self.config = new
@@ -220,6 +238,11 @@ class CompletionService:
         except ModelUnavailable as exc:
             finish("error", [], reason=str(exc))
             raise ServiceError("model_unavailable", str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - counted with its reason; the log has the traceback
+            log.error("completion failed", exc_info=exc)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            finish("error", [], reason=why)
+            raise ServiceError("internal", f"the completion failed: {why}") from exc
         if job.reason is not None:     # stopped while running: a newer request or a reload won
             return finish(job.reason if job.reason != "cancelled" else "cancelled", [])
         first = attempts[0]

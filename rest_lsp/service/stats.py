@@ -26,6 +26,8 @@ class Stats:
         }
         self._next_id = 0
         self.request_log: Path | None = None
+        self.failures: dict[str, int] = {}          # reason -> count, over the requests answered "error"
+        self.config_problems: list[str] = []        # settings the loaded model made change or not apply
 
     def new_id(self) -> int:
         with self._lock:
@@ -41,6 +43,9 @@ class Stats:
                 t["cache_hits"] += 1
             if rec.get("model_call"):
                 t["model_calls"] += 1
+            if rec["outcome"] == "error":
+                why = str(rec.get("reason") or "unknown")[:160]
+                self.failures[why] = self.failures.get(why, 0) + 1
             for k in ("tokens", "steps", "retrieval_ms", "forward_ms"):
                 t[k] += rec.get(k) or 0
             self.recent.append(rec)
@@ -62,6 +67,7 @@ class Stats:
     def snapshot(self, last: int = 20) -> dict:
         with self._lock:
             t = dict(self.totals)
+            failures = dict(self.failures)
             recent = list(self.recent)[-last:] if last else []
         t["accepted_per_step"] = round(t["tokens"] / t["steps"], 3) if t["steps"] else None
         served = t["requests"] - t["skipped"] - t["error"]
@@ -70,7 +76,8 @@ class Stats:
         t["latency_ms_p50"] = _pct(lat, 50)
         t["latency_ms_p95"] = _pct(lat, 95)
         t["uptime_s"] = round(time.time() - self.started, 1)
-        return {"totals": t, "recent": recent}
+        t["failures"] = dict(sorted(failures.items(), key=lambda kv: -kv[1])[:20])
+        return {"totals": t, "recent": recent, "config_problems": list(self.config_problems)}
 
 
 def _pct(xs: list[float], p: float) -> float | None:
