@@ -17,6 +17,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification
 
+from .documents import FastTextDocument
+from .documents import install as install_documents
 from .service.config import ServerConfig
 from .service.core import CompletionRequest, CompletionService, ServiceError
 from .service.prompt import Selected
@@ -106,6 +108,8 @@ class RestLanguageServer(LanguageServer):
 
 def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
     """A client position (UTF-16 by default) as (line, code-point column); columns past the line stay past."""
+    if isinstance(doc, FastTextDocument):
+        return doc.columns(pos)
     lines = doc.lines
     if pos.line < len(lines):
         line = lines[pos.line]
@@ -120,7 +124,8 @@ def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
 def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
     from .service.prompt import line_offsets
     start, _ = line_offsets(text, line)
-    return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
+    units = doc.client_units if isinstance(doc, FastTextDocument) else doc.position_codec.client_num_units
+    return types.Position(line=line, character=units(text[start:start + col]))
 
 
 def _as_dict(params: Any) -> dict:
@@ -137,6 +142,8 @@ def _as_dict(params: Any) -> dict:
 def _error(exc: ServiceError) -> JsonRpcException:
     if exc.code == "invalid_params":
         return JsonRpcInvalidParams(str(exc))
+    if exc.code == "internal":
+        return JsonRpcInternalError(str(exc))
     from pygls.exceptions import JsonRpcServerError
     return JsonRpcServerError(str(exc), MODEL_UNAVAILABLE)
 
@@ -152,6 +159,7 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
             ls.loop = asyncio.get_running_loop()
         except RuntimeError:
             pass
+        install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
         svc.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
         svc.start()
 
