@@ -11,12 +11,12 @@ import numpy as np
 from . import discover as disc
 from .manifest import (SHARD_DIR, Doc, pack_docs, read_manifest, remove_unreferenced, write_manifest,
                        writer_lock)
-from .shard import join_documents, sentinel_for_width, width_for_vocab, write_shard
+from .shard import join_documents, release_freed_memory, sentinel_for_width, width_for_vocab, write_shard
 from .ingest import read_document
 from .types import IndexerError
 
 MAX_SHARD_TOKENS = 1 << 27  # 134M tokens: keeps one suffix sort's memory bounded
-BATCH_BYTES = 4 << 20
+BATCH_BYTES = 1 << 20
 
 
 def corpus_roots() -> list[Path]:
@@ -149,7 +149,9 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
             pending_ids.clear()   # join_documents copied them: do not hold the tokens twice while sorting
             sid = f"s{next_shard:06d}"
             next_shard += 1
-            meta, tm = write_shard(shard_dir, sid, kind, arr, width, fp["vocab_size"])
+            handed = [arr]
+            del arr               # write_shard frees the ids once compacted, before the suffix sort
+            meta, tm = write_shard(shard_dir, sid, kind, handed, width, fp["vocab_size"])
             sort_s += tm["sort_s"]
             write_s += tm["write_s"]
             shard_metas.append(meta)
@@ -165,8 +167,10 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
                 return
             t = time.perf_counter()
             ids = encode_batch(tok, batch_text)
-            arrs = [np.array(x, dtype=np.int64) for x in ids]
+            arrs = [_compact_ids(x) for x in ids]
             tokenize_s += time.perf_counter() - t
+            del ids
+            release_freed_memory()   # the tokenizer's working memory, freed but kept by the allocator
             for a, meta in zip(arrs, batch_meta):
                 add(a, a.size, meta)
             bar.update(batch_bytes)
@@ -262,6 +266,13 @@ def build_datastore(roots, out, *, tokenizer=None, kind: str | None = None, filt
         "tokenizer": fp,
         "width": width,
     }
+
+
+def _compact_ids(ids: list[int]) -> np.ndarray:
+    """A document's ids as they wait for their shard: 2 or 4 bytes each (they are checked against the
+    store's width when joined), not 8: a shard holds up to MAX_SHARD_TOKENS of them."""
+    a = np.array(ids, dtype=np.uint32)
+    return a.astype(np.uint16) if a.size and int(a.max()) < 0xFFFF else a
 
 
 def _under(p: Path, root: Path) -> bool:

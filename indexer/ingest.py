@@ -5,7 +5,8 @@ none of them can skip the secrets rules (indexer/secrets.py). Files up to STREAM
 tokenized in batches with their neighbours (fastest: the tokenizer's Rust threads share the work). Larger
 ones, possible with a raised `--max-file-size`, are read, masked and tokenized STREAM_CHARS at a time, cut at
 line breaks: tokenizing a 50 MB string in one call held 9 GB (the tokenizer keeps per-token strings and
-offsets), and the pieces keep peak memory to the token array itself plus one piece's worth.
+offsets), and the pieces keep peak memory to the token array itself plus one piece's worth (a piece's ids
+are kept as uint16 when they fit, as a 2-byte store holds them).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from . import discover as disc
 from .secrets import clean
 
 STREAM_BYTES = 4 << 20       # files larger than this are tokenized in pieces
-STREAM_CHARS = 1 << 20       # characters per piece
+STREAM_CHARS = 1 << 18       # characters per piece: the tokenizer's working memory grows with a call's text
 _READ = 1 << 20
 
 
@@ -108,7 +109,8 @@ def _stream(path: Path, max_size: int, tokenizer) -> Document:
                 if c.skip is not None:     # key material anywhere: none of the file is indexed
                     return Document(doc.size, h.digest(), skip=c.skip)
                 doc.masked_lines += c.masked_lines
-                doc.pieces.append(np.asarray(encode_batch(tokenizer, [c.text])[0], dtype=np.uint32))
+                ids = np.asarray(encode_batch(tokenizer, [c.text])[0], dtype=np.uint32)
+                doc.pieces.append(ids.astype(np.uint16) if ids.size and ids.max() < 0xFFFF else ids)
             if not raw:
                 break
     doc.hash = h.digest()
