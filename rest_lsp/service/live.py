@@ -87,6 +87,7 @@ class LiveBuffer:
         self.chunks: list[Chunk] = []
         self._offsets: list[int] = []
         self.tokenized_chars = 0                # characters tokenized by the last update (for tests, figures)
+        self.backend: object | None = None      # the model whose tokenizer made the ids (the caller's note)
 
     def update(self, text: str) -> None:
         old = self.text
