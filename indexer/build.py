@@ -10,12 +10,12 @@ import numpy as np
 from . import discover as disc
 from .manifest import (SHARD_DIR, Doc, pack_docs, read_manifest, remove_unreferenced, write_manifest,
                        writer_lock)
-from .shard import join_documents, sentinel_for_width, width_for_vocab, write_shard
-from .store import content_hash
+from .shard import join_documents, release_freed_memory, sentinel_for_width, width_for_vocab, write_shard
+from .ingest import read_document
 from .types import IndexerError
 
 MAX_SHARD_TOKENS = 1 << 27  # 134M tokens: keeps one suffix sort's memory bounded
-BATCH_BYTES = 4 << 20
+BATCH_BYTES = 1 << 20
 
 
 def corpus_roots() -> list[Path]:
@@ -135,7 +135,7 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
         docs: dict[str, Doc] = {}
         shard_metas = []
         tokenize_s = sort_s = write_s = 0.0
-        undecodable = 0
+        undecodable = masked_lines = masked_files = 0
         pending_ids: list = []
         pending_meta: list = []
         pending_tokens = 0
@@ -147,14 +147,17 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
             if not pending_ids:
                 return
             arr, spans = join_documents(pending_ids, width)
+            pending_ids.clear()   # join_documents copied them: do not hold the tokens twice while sorting
             sid = f"s{next_shard:06d}"
             next_shard += 1
-            meta, tm = write_shard(shard_dir, sid, kind, arr, width, fp["vocab_size"])
+            handed = [arr]
+            del arr               # write_shard frees the ids once compacted, before the suffix sort
+            meta, tm = write_shard(shard_dir, sid, kind, handed, width, fp["vocab_size"])
             sort_s += tm["sort_s"]
             write_s += tm["write_s"]
             shard_metas.append(meta)
-            for (key, size, mtime, h), (a, b) in zip(pending_meta, spans):
-                docs[key] = Doc(size, mtime, h, sid, a, b)
+            for (key, size, mtime, h, masked), (a, b) in zip(pending_meta, spans):
+                docs[key] = Doc(size, mtime, h, sid, a, b, masked)
             pending_ids, pending_meta, pending_tokens = [], [], 0
 
         batch_text, batch_meta, batch_bytes = [], [], 0
@@ -165,25 +168,32 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
                 return
             t = time.perf_counter()
             ids = encode_batch(tok, batch_text)
-            arrs = [np.array(x, dtype=np.int64) for x in ids]
+            arrs = [_compact_ids(x) for x in ids]
             tokenize_s += time.perf_counter() - t
+            del ids
+            release_freed_memory()   # the tokenizer's working memory, freed but kept by the allocator
             for a, meta in zip(arrs, batch_meta):
-                if pending_tokens + a.size + 1 > max_shard_tokens and pending_ids:
-                    flush_shard()
-                pending_ids.append(a)
-                pending_meta.append(meta)
-                pending_tokens += a.size + 1
-                total_tokens += a.size
+                add(a, a.size, meta)
             bar.update(batch_bytes)
             batch_text, batch_meta, batch_bytes = [], [], 0
+
+        def add(tokens, n: int, meta: tuple) -> None:
+            nonlocal pending_tokens, total_tokens
+            if pending_tokens + n + 1 > max_shard_tokens and pending_ids:
+                flush_shard()
+            pending_ids.append(tokens)
+            pending_meta.append(meta)
+            pending_tokens += n + 1
+            total_tokens += n
 
         try:
             for c in cands:
                 if max_tokens is not None and total_tokens >= max_tokens:
                     rep.skip("token_limit")
                     continue
+                t = time.perf_counter()
                 try:
-                    text, raw, bad, skip = disc.read_text(c.path, filters.max_file_size)
+                    doc = read_document(c.path, filters.max_file_size, tok)
                 except FileNotFoundError:
                     rep.skip("vanished")
                     continue
@@ -191,15 +201,23 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
                     rep.skip("unreadable")
                     rep.errors.append(f"cannot read {c.path}: {e.strerror or e}")
                     continue
-                if skip is not None:
-                    rep.skip(skip)
+                if doc.skip is not None:
+                    rep.skip(doc.skip)
                     continue
-                undecodable += bad
-                if bad:
+                undecodable += doc.undecodable
+                masked_lines += doc.masked_lines
+                masked_files += bool(doc.masked_lines)
+                if doc.undecodable:
                     rep.skip("files_with_undecodable_bytes_replaced")
-                batch_text.append(text)
-                batch_meta.append((str(c.path), len(raw), c.mtime_ns, content_hash(raw)))
-                batch_bytes += len(raw)
+                meta = (str(c.path), doc.size, c.mtime_ns, doc.hash, doc.masked_lines)
+                if doc.pieces is not None:   # a big file, tokenized in pieces as it was read
+                    tokenize_s += time.perf_counter() - t
+                    add(doc.pieces, doc.tokens, meta)
+                    bar.update(doc.size)
+                    continue
+                batch_text.append(doc.text)
+                batch_meta.append(meta)
+                batch_bytes += doc.size
                 if batch_bytes >= (BATCH_BYTES if max_tokens is None else min(BATCH_BYTES, max(1 << 16, max_tokens))):
                     flush_batch()
             flush_batch()
@@ -242,11 +260,20 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
         "tokens_per_s_tokenize": round(total_tokens / tokenize_s) if tokenize_s else None,
         "tokens_per_s_sort": round(total_tokens / sort_s) if sort_s else None,
         "undecodable_chars": undecodable,
+        "masked_lines": masked_lines,      # lines emptied because they carry a secret (indexer/secrets.py)
+        "masked_files": masked_files,
         "skipped": rep.skipped,
         "errors": rep.errors,
         "tokenizer": fp,
         "width": width,
     }
+
+
+def _compact_ids(ids: list[int]) -> np.ndarray:
+    """A document's ids as they wait for their shard: 2 or 4 bytes each (they are checked against the
+    store's width when joined), not 8: a shard holds up to MAX_SHARD_TOKENS of them."""
+    a = np.array(ids, dtype=np.uint32)
+    return a.astype(np.uint16) if a.size and int(a.max()) < 0xFFFF else a
 
 
 def _under(p: Path, root: Path) -> bool:

@@ -63,6 +63,14 @@ _SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS)
 MAX_FILE_SIZE = 1 << 20
 
 
+def is_secret_name(name: str) -> bool:
+    """Is a file of this name never indexed, whatever the filters (the deny-list above, and key material
+    by name: indexer/secrets.py)? Open buffers are checked with it too."""
+    from .secrets import is_key_material_name
+
+    return bool(_SECRETS.match_file(name)) or is_key_material_name(name)
+
+
 @dataclass
 class Filters:
     max_file_size: int = MAX_FILE_SIZE
@@ -103,7 +111,7 @@ class Filters:
                    use_gitignore=bool(d.get("use_gitignore", True)))
 
     def name_ok(self, name: str) -> bool:
-        if _SECRETS.match_file(name):
+        if is_secret_name(name):
             return False
         if self._exts is None:
             return True
@@ -317,7 +325,15 @@ def read_text(path: Path, max_size: int) -> tuple[str | None, bytes, int, str | 
     """(text, raw bytes, replaced characters, skip reason). Binary files (a NUL in the first 8 KiB) and
     files over the limit are skipped; undecodable bytes are replaced with U+FFFD and counted."""
     with open(path, "rb") as f:
-        raw = f.read(max_size + 1)
+        # read() preallocates what it is asked for: ask for the file's size, not the limit (1e12 with a
+        # raised --max-file-size was a MemoryError), and read on only if the file grew meanwhile
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(min(max_size, size) + 1)
+        while size < len(raw) <= max_size:
+            more = f.read(min(1 << 20, max_size + 1 - len(raw)))
+            if not more:
+                break
+            raw += more
     if len(raw) > max_size:
         return None, b"", 0, "too_large"
     if b"\0" in raw[:8192]:

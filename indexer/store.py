@@ -12,7 +12,6 @@ then delete files that the new manifest no longer names.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import discover as disc
+from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from .shard import ScanShard, Shard, join_documents, sentinel_for_width, sort_shard, width_for_vocab, write_shard
@@ -31,6 +31,7 @@ DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
 MERGE_FANOUT = 4  # shards of one size class that trigger a merge (log-structured, size-tiered)
 LEVEL_BASE_TOKENS = 1 << 16  # size class 0: shards below 64k tokens
 REFRESH_INTERVAL_S = 0.1  # readers check the manifest (one stat) at most this often
+MASKED_LISTED = 200  # files listed by name in stats()["masked"] (the most masked lines first)
 
 
 def _level(tokens: int) -> int:
@@ -39,10 +40,6 @@ def _level(tokens: int) -> int:
         lvl += 1
         size *= MERGE_FANOUT
     return lvl
-
-
-def content_hash(raw: bytes) -> bytes:
-    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 class Datastore:
@@ -424,7 +421,8 @@ class Datastore:
         rules = self._rules
         docs = dict(self._docs)
         dead_add: dict[str, list] = {}
-        summary = {"added": 0, "changed": 0, "removed": 0, "unchanged": 0, "errors": [], "undecodable": 0}
+        summary = {"added": 0, "changed": 0, "removed": 0, "unchanged": 0, "errors": [], "undecodable": 0,
+                   "masked_lines": 0}
 
         def remove(key: str) -> bool:
             d = docs.pop(key, None)
@@ -483,28 +481,28 @@ class Datastore:
                 summary["unchanged"] += 1
                 continue
             try:
-                text, raw, bad, skip = disc.read_text(c.path, filters.max_file_size)
+                doc = read_document(c.path, filters.max_file_size, self.tokenizer)
             except FileNotFoundError:
                 summary["removed"] += remove(key)
                 continue
             except OSError as e:  # unreadable now: keep serving what we had
                 summary["errors"].append(f"{c.path}: {e.strerror or e}")
                 continue
-            if skip is not None:
+            if doc.skip is not None:
                 summary["removed"] += remove(key)
                 continue
-            h = content_hash(raw)
-            if d is not None and d.hash == h:
-                docs[key] = dataclasses.replace(d, size=len(raw), mtime_ns=c.mtime_ns)
+            if d is not None and d.hash == doc.hash:
+                docs[key] = dataclasses.replace(d, size=doc.size, mtime_ns=c.mtime_ns)
                 touched_meta = True
                 summary["unchanged"] += 1
                 continue
-            summary["undecodable"] += bad
+            summary["undecodable"] += doc.undecodable
+            summary["masked_lines"] += doc.masked_lines
             if remove(key):
                 summary["changed"] += 1
             else:
                 summary["added"] += 1
-            new.append((key, len(raw), c.mtime_ns, h, text))
+            new.append((key, c.mtime_ns, doc))
 
         if not new and not dead_add and not touched_meta:
             summary["seconds"] = time.perf_counter() - t0
@@ -518,12 +516,14 @@ class Datastore:
         if new:
             from .tokenizer import encode_batch
 
-            ids = encode_batch(self.tokenizer, [t for *_, t in new])
-            arr, spans = join_documents(ids, self.width)
+            texts = [doc.text for _, _, doc in new if doc.pieces is None]
+            ids = iter(encode_batch(self.tokenizer, texts) if texts else [])
+            arr, spans = join_documents([doc.pieces if doc.pieces is not None else next(ids)
+                                         for _, _, doc in new], self.width)
             sid = self._next_id(m)
             prepared = sort_shard(arr, self.width, m["tokenizer"].get("vocab_size"))
-            for (key, size, mtime, h, _), (a, b) in zip(new, spans):
-                docs[key] = Doc(size, mtime, h, sid, a, b)
+            for (key, mtime, doc), (a, b) in zip(new, spans):
+                docs[key] = Doc(doc.size, mtime, doc.hash, sid, a, b, doc.masked_lines)
         # searchable now, in this process: the new masks and the delta from memory; durable below
         self._publish(dead_add, Shard.from_sorted(sid, kind, prepared, weight=self.weights.get(kind, 1.0))
                       if prepared is not None else None)
@@ -664,6 +664,7 @@ class Datastore:
                 except OSError:
                     pass
         stored = sum(s.n for s in self._shards)
+        masked = {p: d.masked for p, d in self._docs.items() if d.masked}
         return {
             "tokens": tokens,
             "documents": len(self._docs),
@@ -677,6 +678,10 @@ class Datastore:
             "live_shards": len(self._live),
             "tokenizer": self.fingerprint,
             "generation": self._manifest.get("generation", 0),
+            # lines emptied before tokenization because they carry a secret: counts, never the values
+            "masked_lines": sum(masked.values()),
+            "masked_files": len(masked),
+            "masked": dict(sorted(masked.items(), key=lambda kv: (-kv[1], kv[0]))[:MASKED_LISTED]),
         }
 
     def verify(self) -> list[str]:

@@ -143,7 +143,7 @@ class Watcher:
 def open_or_build(roots, out, *, tokenizer, filters=None, log_fn=None) -> Datastore:
     """Open the store at `out` when it indexes these roots with this tokenizer (then sync it with the
     files), else build it."""
-    from .types import IndexerError
+    from .types import DatastoreNotFound, IndexerError
 
     roots = [Path(r).absolute() for r in roots]
     try:
@@ -157,6 +157,8 @@ def open_or_build(roots, out, *, tokenizer, filters=None, log_fn=None) -> Datast
             log_fn(f"opened {out}: {ds.stats()['documents']} documents; synced (+{s['added']} ~{s['changed']} -{s['removed']})")
         return ds
     except IndexerError as e:
+        if not isinstance(e, DatastoreNotFound):   # damaged, or built differently: say why it is rebuilt
+            log.warning("rebuilding %s: %s", out, e)
         if log_fn:
             log_fn(f"building {out} ({e})")
     return Datastore.build(roots, out, tokenizer=tokenizer, filters=filters)

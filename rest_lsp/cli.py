@@ -44,6 +44,8 @@ def serve(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=2087)
     p.add_argument("--log-file", default=None, help="write the server's Python log here")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--max-message-bytes", type=int, default=None,
+                   help="largest LSP message accepted (default 64 MiB); larger ones are skipped, not read")
     _add_model_options(p)
     # vscode-languageclient may also pass --clientProcessId=N; accept and ignore unknown flags of that kind
     args, unknown = p.parse_known_args(argv)
@@ -56,18 +58,20 @@ def serve(argv: list[str]) -> int:
                         **target)
     if logging.getLogger().level <= logging.INFO:
         logging.getLogger("pygls").setLevel(logging.WARNING)   # pygls logs every message at INFO
-    from .server import create_server
+    from . import transport
+    from .server import close_all, create_server
     from .service.config import ServerConfig, merge
 
     config, _, problems = merge(ServerConfig(), _settings(args))
     if problems:
         p.error("; ".join(problems))
     server = create_server(config)
+    # our reader, not pygls' (rest_lsp/transport.py says why); the history is saved when the stream ends
+    options = {"max_body": args.max_message_bytes or transport.MAX_BODY, "on_end": lambda why: close_all(server),
+               "warn": transport.RateLimited(server.show_warning)}
     if args.tcp:
-        server.start_tcp(args.host, args.port)
-    else:
-        server.start_io()
-    return 0
+        return transport.serve_tcp(server, args.host, args.port, **options)
+    return transport.serve_stdio(server, **options)
 
 
 def complete(argv: list[str]) -> int:

@@ -17,6 +17,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification
 
+from .documents import FastTextDocument
+from .documents import install as install_documents
 from .service.config import ServerConfig
 from .service.core import CompletionRequest, CompletionService, ServiceError
 from .service.prompt import Selected
@@ -32,9 +34,27 @@ MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model f
 
 class _Protocol(LanguageServerProtocol):
     """Answers malformed requests with InvalidParams instead of dropping them (pygls logs and moves on,
-    leaving the client waiting forever)."""
+    leaving the client waiting forever), keeps Python tracebacks out of error replies (pygls puts them in
+    `error.data`; they go to the log instead) and counts every error reply by its reason for `rest/stats`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_replies: dict[str, int] = {}
+
+    def _send_response(self, msg_id, result=None, error=None):
+        if error is not None:
+            data = getattr(error, "data", None)
+            if isinstance(data, dict) and "traceback" in data:
+                log.error("request %s failed: %s\n%s", msg_id, error.message, "".join(data["traceback"]))
+                error.data = None
+            reason = f"{error.code}: {str(error.message).splitlines()[0][:120] if error.message else ''}"
+            self.error_replies[reason] = self.error_replies.get(reason, 0) + 1
+        super()._send_response(msg_id, result, error)
 
     def structure_message(self, data: dict[str, Any]):
+        if "method" in data and "params" not in data and self.get_message_type(data["method"]) is None:
+            # JSON-RPC lets params be omitted; pygls' generic message types require the field
+            data = {**data, "params": None}
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
@@ -65,21 +85,32 @@ class RestLanguageServer(LanguageServer):
         self.loop: asyncio.AbstractEventLoop | None = None   # captured in `initialize`
 
     def notify_log(self, level: str, message: str) -> None:
-        """window/logMessage from any thread (the inference and indexing threads report through here)."""
+        """window/logMessage from any thread (the inference and indexing threads report through here);
+        level "problem" is a warning the user should act on, also shown with window/showMessage."""
         kind = {"error": types.MessageType.Error, "warning": types.MessageType.Warning,
-                "info": types.MessageType.Info}.get(level, types.MessageType.Log)
-        getattr(log, level if level in ("error", "warning", "info") else "debug")(message)
+                "problem": types.MessageType.Warning, "info": types.MessageType.Info}.get(level, types.MessageType.Log)
+        py_level = "warning" if level == "problem" else level
+        getattr(log, py_level if py_level in ("error", "warning", "info") else "debug")(message)
+        self._post(self.window_log_message, types.LogMessageParams(type=kind, message=f"rest-lsp: {message}"))
+        if level == "problem":
+            self._post(self.window_show_message, types.ShowMessageParams(type=kind, message=f"rest-lsp: {message}"))
+
+    def show_warning(self, message: str) -> None:
+        self.notify_log("problem", message)
+
+    def _post(self, fn, params) -> None:
         loop = getattr(self, "loop", None)
-        params = types.LogMessageParams(type=kind, message=f"rest-lsp: {message}")
         try:
             if loop is not None and loop.is_running():
-                loop.call_soon_threadsafe(self.window_log_message, params)
+                loop.call_soon_threadsafe(fn, params)
         except RuntimeError:
             pass   # the loop is closing
 
 
 def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
     """A client position (UTF-16 by default) as (line, code-point column); columns past the line stay past."""
+    if isinstance(doc, FastTextDocument):
+        return doc.columns(pos)
     lines = doc.lines
     if pos.line < len(lines):
         line = lines[pos.line]
@@ -94,7 +125,8 @@ def _to_columns(doc, pos: types.Position) -> tuple[int, int]:
 def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
     from .service.prompt import line_offsets
     start, _ = line_offsets(text, line)
-    return types.Position(line=line, character=doc.position_codec.client_num_units(text[start:start + col]))
+    units = doc.client_units if isinstance(doc, FastTextDocument) else doc.position_codec.client_num_units
+    return types.Position(line=line, character=units(text[start:start + col]))
 
 
 def _edit_end(doc, changes) -> tuple[int, int] | None:
@@ -127,6 +159,8 @@ def _as_dict(params: Any) -> dict:
 def _error(exc: ServiceError) -> JsonRpcException:
     if exc.code == "invalid_params":
         return JsonRpcInvalidParams(str(exc))
+    if exc.code == "internal":
+        return JsonRpcInternalError(str(exc))
     from pygls.exceptions import JsonRpcServerError
     return JsonRpcServerError(str(exc), MODEL_UNAVAILABLE)
 
@@ -142,7 +176,8 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
             ls.loop = asyncio.get_running_loop()
         except RuntimeError:
             pass
-        changed, problems = svc.configure(params.initialization_options or {})
+        install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
+        svc.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
         svc.start()
 
     @server.feature(types.INITIALIZED)
@@ -155,9 +190,7 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: RestLanguageServer, params):
-        if ls.indexing is not None:
-            ls.indexing.close()
-        svc.close()
+        close_all(ls)
 
     @server.feature(types.EXIT)
     def exit_(ls: RestLanguageServer, params):
@@ -165,9 +198,7 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
         # stdin reader thread, which only returns when the client closes the pipe. Not every client does:
         # make sure the process ends soon after `exit` either way.
         rc = 0 if ls.protocol._shutdown else 1
-        if ls.indexing is not None:
-            ls.indexing.close()
-        svc.close()
+        close_all(ls)
         logging.shutdown()
         timer = threading.Timer(1.0, os._exit, args=(rc,))
         timer.daemon = True
@@ -175,11 +206,9 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):
-        changed, problems = svc.configure(params.settings)
+        changed, _ = svc.configure(params.settings)   # problems are shown (window/showMessage)
         if ls.indexing is not None and changed & {"exclude", "index_workspace", "cache_dir", "corpus"}:
             ls.indexing.reconfigure(changed)
-        for p in problems:
-            ls.window_show_message(types.ShowMessageParams(types.MessageType.Warning, f"rest-lsp: {p}"))
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: RestLanguageServer, params: types.DidOpenTextDocumentParams):
@@ -251,6 +280,9 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
         last = last if isinstance(last, int) and last >= 0 else 20
         snap = svc.snapshot(last)
         snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
+        transport = getattr(ls, "transport_stats", None)
+        snap["protocol"] = {**(transport.snapshot() if transport is not None else {}),
+                            "error_replies": dict(ls.protocol.error_replies)}
         return snap
 
     @server.command(REBUILD_INDEX)   # pygls answers workspace/executeCommand and advertises the name
@@ -268,14 +300,27 @@ def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
     async def drafts(ls: RestLanguageServer, params: Any):
         """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
         params = _as_dict(params)
-        if not isinstance(params.get("text"), str):
-            raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>"}')
+        max_len = params.get("max_len", 10)
+        if not isinstance(params.get("text"), str) or isinstance(max_len, bool) or \
+                not isinstance(max_len, int) or not 1 <= max_len <= 64:
+            raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>", "max_len"?: 1..64}')
         if ls.indexing is None:
             raise JsonRpcInvalidParams("the workspace is not initialized yet")
-        return await asyncio.get_running_loop().run_in_executor(
-            None, ls.indexing.drafts, params["text"], int(params.get("max_len", 10)))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, ls.indexing.drafts, params["text"], max_len)
+        except RuntimeError as exc:   # no model, so no tokenizer
+            raise _error(ServiceError("model_unavailable", str(exc))) from None
 
     return server
+
+
+def close_all(ls: RestLanguageServer) -> None:
+    """Stop indexing and the inference thread, saving what outlives the process (the history); safe to
+    call more than once (shutdown, exit, the end of the client's stream)."""
+    if ls.indexing is not None:
+        ls.indexing.close()
+    ls.service.close()
 
 
 class _ProgressReporter:

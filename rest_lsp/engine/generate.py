@@ -169,6 +169,11 @@ class Engine:
     def sources(self) -> list[tuple[DraftSource, float]]:
         return self.drafter.sources
 
+    @property
+    def tree_reserve(self) -> int:
+        """Positions kept free after the prompt and the new tokens for the last step's draft tree."""
+        return self.drafter.draft_len + self.drafter.max_draft_nodes + 1
+
     # ---- the loop -------------------------------------------------------------------------------
 
     def generate(
@@ -370,7 +375,7 @@ class Engine:
                 raise ValueError("empty prompt and the tokenizer has no beginning-of-sequence token")
             prompt = [bos]
         if self.max_positions:
-            room = self.max_positions - max_new - self.drafter.draft_len - self.drafter.max_draft_nodes - 1
+            room = self.max_positions - max_new - self.tree_reserve
             if room < 1:
                 raise ValueError(f"max_new_tokens={max_new} leaves no room in a {self.max_positions}-token context")
             prompt = prompt[-room:]

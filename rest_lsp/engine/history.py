@@ -6,11 +6,13 @@ output on other prompts adds 0.22 tokens per step at 5 draft nodes and 0.34 at 6
 
 The file holds token ids, so it is tied to one tokenizer: `model` names it, and a file written for another
 model is refused. Writes are atomic (a temporary file renamed over the old one); a file that does not read
-back whole (truncated, bit rot: a sha256 guards the tokens) raises `HistoryError` and is left as it is.
+back whole (truncated, bit rot: a sha256 guards the tokens) raises `HistoryError`, and is set aside, never
+written over (`set_aside`).
 """
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import msgpack
@@ -65,6 +67,19 @@ def load_history(path: Path, model: str) -> np.ndarray:
     return np.frombuffer(data, dtype="<i4").astype(np.int64)
 
 
+def set_aside(path: Path) -> Path:
+    """Move a history file that could not be read out of the way, next to it (`<name>.unreadable-<time>`),
+    so that it is kept for inspection and never written over. OSError when it cannot be moved."""
+    path = Path(path)
+    stem = f"{path.name}.unreadable-{int(time.time())}"
+    aside, n = path.with_name(stem), 0
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{stem}-{n}")
+    path.replace(aside)
+    return aside
+
+
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
@@ -81,6 +96,7 @@ class HistoryFile:
         self.path, self.model, self.source = Path(path), model, source
         self._synced = source.total  # the source's tokens up to this position are in the file
         self._stamp: tuple[int, int] | None = None  # the file as this process last read or wrote it
+        self.error: str | None = None  # why a file found at a save could not be read (it was set aside)
 
     def load(self) -> int:
         """Add the file's tokens to the source (HistoryError when it cannot be used); returns how many."""
@@ -97,13 +113,17 @@ class HistoryFile:
     def save(self) -> None:
         """Write the source's tokens atomically (OSError when the file cannot be written). When another process
         wrote the file since, its tokens come first and this process's new ones after them, in the file and in
-        the source, so neither process erases the other's output."""
+        the source, so neither process erases the other's output. A file that changed and cannot be read now
+        (damaged, another model's, a newer format) is set aside first, never written over; OSError when it
+        cannot be moved, and then nothing is written."""
         stamp = _stamp(self.path)
         if stamp is not None and stamp != self._stamp:
             try:
                 theirs = load_history(self.path, self.model)
-            except HistoryError:
-                theirs = None  # unreadable now: nothing in it to keep
+            except HistoryError as exc:
+                aside = set_aside(self.path)
+                self.error = f"{exc} (moved to {aside.name})"
+                theirs = None
             if theirs is not None:
                 ours = self.source.since(self._synced)
                 gap = [SEPARATOR] if len(ours) and ours[0] != SEPARATOR else []

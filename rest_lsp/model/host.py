@@ -148,19 +148,27 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
     """Convert a GGUF file into a safetensors model directory once; return the directory.
 
     Atomic: the conversion writes into a temporary sibling directory that is renamed into place only when
-    complete, under a file lock, so a killed or failed conversion never leaves a half-written cache entry."""
+    complete, under a file lock, so a killed or failed conversion never leaves a half-written cache entry.
+    The directory's checksums (rest_lsp/model/converted.py) are checked at each use: a damaged cache is
+    converted again, with one line on stderr saying why."""
     from indexer.embedded import file_lock
+
+    from . import converted
 
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():
         raise ModelLoadError(f"no such GGUF file: {gguf}")
     dest = Path(dest) if dest is not None else gguf_cache_dir(gguf)
-    if (dest / "config.json").is_file():
+    if dest.is_dir() and converted.problem(dest) is None:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.with_name(dest.name + ".lock")):
-        if (dest / "config.json").is_file():
+        damage = converted.problem(dest) if dest.is_dir() else "absent"
+        if damage is None:
             return dest
+        if damage != "absent":   # a checksum or size mismatch: convert again instead of failing the load
+            print(f"rest-lsp: the converted model cache {dest} is damaged ({damage}); converting {gguf.name} "
+                  "again", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent))
         try:
             print(f"rest-lsp: converting {gguf.name} into a safetensors cache (once; about 100 s on a "
@@ -173,6 +181,7 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
                 raise ModelLoadError(f"could not convert GGUF {gguf}: {type(e).__name__}: {e}") from e
             if not (tmp / "config.json").is_file():
                 raise ModelLoadError(f"converting {gguf} produced no config.json")
+            converted.record(tmp)
             if dest.exists():
                 shutil.rmtree(dest)
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is the user's like any other

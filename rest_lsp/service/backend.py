@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from rest_lsp.filenames import safe_filename
 
-from .config import ServerConfig, prompt_windows
+from .config import ModelLimits, ServerConfig, prompt_windows
 from .datastores import DatastoreSet
 from .layout import PromptParts, prompt_parts, resolve_layout, strip_lead
 from .prompt import CompletionContext, block_end_cut
@@ -91,7 +91,7 @@ class EngineBackend:
         self.engine.reset_cache()
 
     def _load_history(self, hf: HistoryFile) -> None:
-        from rest_lsp.engine.history import HistoryError
+        from rest_lsp.engine.history import HistoryError, set_aside
 
         self.history_file = hf
         try:
@@ -100,10 +100,8 @@ class EngineBackend:
             if not hf.path.exists():
                 return  # the first run: nothing saved yet
             # keep the unreadable file for inspection instead of writing over it
-            aside = hf.path.with_name(f"{hf.path.name}.unreadable-{int(time.time())}")
             try:
-                hf.path.replace(aside)
-                where = f"moved to {aside}"
+                where = f"moved to {set_aside(hf.path)}"
             except OSError:
                 self.history_file = None  # never overwrite what could not be moved aside
                 where = "left as it is, and this daemon saves no history"
@@ -123,6 +121,10 @@ class EngineBackend:
         except OSError as exc:
             log.warning("history not saved to %s: %s", hf.path, exc)
             return False
+        finally:
+            if hf.error is not None and hf.error != self.history_error:   # a damaged file found at the save
+                self.history_error = hf.error
+                log.warning("history file %s could not be read; %s", hf.path, hf.error)
         self._history_saved = time.monotonic()
         return True
 
@@ -192,6 +194,11 @@ class EngineBackend:
                 "stop_reason": r.stop_reason if run.done else None, "prompt_tokens": r.prompt_tokens,
                 "reused_tokens": r.reused_tokens, "computed_tokens": run.computed, "forwards": run.forwards,
                 "accepted_sources": dict(r.accepted_sources)}
+
+    def limits(self) -> ModelLimits:
+        context = self.engine.max_positions or self.loaded.context_length
+        return ModelLimits(context=int(context) if context else None, tree_reserve=self.engine.tree_reserve,
+                           fim=self.loaded.fim is not None)
 
     def reset_kv_cache(self) -> None:
         """Start the next run from an empty KV cache (fair timing in `complete --compare`)."""

@@ -104,6 +104,45 @@ def prompt_windows(config: "ServerConfig", device_type: str) -> tuple[int, int]:
             config.max_suffix_chars if config.max_suffix_chars is not None else suf)
 
 
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a loaded model allows the settings (a backend's `limits()`)."""
+    context: int | None          # positions the engine holds: prompt + completion + one draft tree
+    tree_reserve: int = 0        # positions the engine keeps free for the last step's draft tree
+    fim: bool = True             # the model has a fill-in-the-middle prompt format
+
+
+MIN_PROMPT_TOKENS = 256      # the least prompt a completion is worth making from
+CHARS_PER_TOKEN = 8          # more characters per token than code ever has: windows beyond this cannot fit
+
+
+def check_against_model(config: ServerConfig, limits: ModelLimits) -> tuple[ServerConfig, list[str]]:
+    """The settings a model can serve, and what was changed or will not apply. A completion longer than the
+    context window less a prompt (maxTokens) is cut to what fits, instead of every request failing."""
+    problems: list[str] = []
+    updates: dict[str, Any] = {}
+    if limits.context:
+        most = max(1, limits.context - limits.tree_reserve - MIN_PROMPT_TOKENS)
+        if config.max_tokens > most:
+            updates["max_tokens"] = most
+            problems.append(f"maxTokens {config.max_tokens} does not fit the model's {limits.context}-token context "
+                            f"with a prompt of at least {MIN_PROMPT_TOKENS} tokens; using {most}")
+        for name in ("max_prefix_chars", "max_suffix_chars"):
+            v = getattr(config, name)
+            if v is not None and v > limits.context * CHARS_PER_TOKEN:
+                problems.append(f"{_camel(name)} {v} is more than the model's {limits.context}-token context can "
+                                "hold; prompts are cut to fit it")
+    if not limits.fim and config.max_suffix_chars:
+        problems.append("the model has no fill-in-the-middle format: maxSuffixChars does not apply (the prompt is "
+                        "the text before the cursor)")
+    return (dataclasses.replace(config, **updates) if updates else config), problems
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
 def unwrap_settings(settings: Any) -> dict:
     """The rest-lsp part of a settings object (flat, or under one of SECTIONS)."""
     if not isinstance(settings, dict):

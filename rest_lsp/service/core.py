@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .config import MODEL_KEYS, ServerConfig, merge
+from .config import MODEL_KEYS, ModelLimits, ServerConfig, check_against_model, merge
 from .datastores import DatastoreSet
 from .layout import Anchor, next_anchor
 from .prediction import Prediction, PredictionStore, View, answer
@@ -45,7 +45,7 @@ POLL_S = 0.1  # how often a request waiting for the model to load looks again
 
 
 class ServiceError(Exception):
-    """A request the service cannot answer; code is "invalid_params" or "model_unavailable"."""
+    """A request the service cannot answer; code is "invalid_params", "model_unavailable" or "internal"."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -99,6 +99,8 @@ class Backend(Protocol):
 
     def figures(self, run: RunLike) -> dict: ...
 
+    def limits(self) -> ModelLimits: ...  # what the model allows the settings
+
     def describe(self) -> dict: ...
 
 
@@ -122,6 +124,7 @@ class CompletionService:
         self.repository = DatastoreSet()  # workspace datastores; rest_lsp/service/workspace.py fills it
         self.stats = Stats()
         self.on_model_ready: list[Callable[[Backend], None]] = []  # run on the inference thread
+        self.model_limits: ModelLimits | None = None  # the loaded model's, once it is loaded
         self._waiters: dict[str, list[_Waiter]] = {}  # requests waiting for an answer, per document
         self._anchors: OrderedDict[str, Anchor] = OrderedDict()  # where each document's prompt middle starts
         self._anchors_lock = threading.Lock()
@@ -144,6 +147,10 @@ class CompletionService:
                 self._notify("error", f"model failed to load: {type(exc).__name__}: {exc}")
                 raise
             self._notify("info", f"model {backend.name} ready in {time.perf_counter() - t0:.1f} s")
+            self._check_settings(backend.limits())
+            corpus_error = backend.describe().get("corpus") if cfg.corpus else None
+            if corpus_error not in (None, "loaded"):
+                self._notify("problem", f"the corpus {cfg.corpus} is not used: {corpus_error}")
             for callback in list(self.on_model_ready):
                 callback(backend)
             return backend
@@ -151,11 +158,24 @@ class CompletionService:
         self._drop_predictions(self.predictions.clear(), "superseded")
         self.worker.load(load)
 
+    def _check_settings(self, limits: ModelLimits) -> None:
+        """Fit the settings to the model just loaded (ModelLimits); what had to change is shown."""
+        self.model_limits = limits
+        self.config, problems = check_against_model(self.config, limits)
+        for p in problems:
+            self._notify("problem", f"configuration: {p}")
+        self.stats.config_problems = problems
+
     def configure(self, settings: Any) -> tuple[set[str], list[str]]:
         """Apply settings; returns (changed setting names, problems). Model settings reload the model."""
         new, changed, problems = merge(self.config, settings)
+        if self.model_limits is not None and not changed & MODEL_KEYS:   # a new model is checked once loaded
+            new, more = check_against_model(new, self.model_limits)
+            changed = {k for k in vars(new) if getattr(new, k) != getattr(self.config, k)}
+            problems += more
+            self.stats.config_problems = more
         for p in problems:
-            self._notify("warning", f"configuration: {p}")
+            self._notify("problem", f"configuration: {p}")
         self.config = new
         self.worker.queue_size = max(1, new.queue_size)
         if changed & (MODEL_KEYS | {"corpus"}) and self.worker.state != "idle":  # idle: start() loads it
@@ -353,9 +373,16 @@ class CompletionService:
         self._waiters.setdefault(req.uri, []).append(waiter)
         try:
             text, why = await self._await_answer(pred, ctx, req.automatic, t0, waiter)
+            if why == "error":  # the model run failed: the request gets the reason, the log the traceback
+                raise pred.job.future.exception() or RuntimeError("the prediction failed")
         except asyncio.CancelledError:
             finish("cancelled", [], source=source)
             raise
+        except Exception as exc:  # noqa: BLE001 - counted with its reason; never a traceback in the reply
+            log.error("completion failed", exc_info=exc)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            finish("error", [], reason=why)
+            raise ServiceError("internal", f"the completion failed: {why}") from exc
         finally:
             self._waiters[req.uri].remove(waiter)
             if not self._waiters[req.uri]:
@@ -363,7 +390,7 @@ class CompletionService:
             pred.waiting -= 1
             if pred.live and pred.waiting == 0:
                 self.worker.set_priority(pred.job, AHEAD)  # go on predicting, behind everything else
-        if why in ("superseded", "stale", "dropped", "error"):
+        if why in ("superseded", "stale", "dropped"):
             return finish("superseded" if why == "stale" else why, [])
         if why == "unavailable":
             finish("error", [], reason=self.worker.error)

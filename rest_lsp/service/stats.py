@@ -35,6 +35,8 @@ class Stats:
         }
         self._next_id = 0
         self.request_log: Path | None = None
+        self.failures: dict[str, int] = {}          # reason -> count, over the requests answered "error"
+        self.config_problems: list[str] = []        # settings the loaded model made change or not apply
 
     def new_id(self) -> int:
         with self._lock:
@@ -55,6 +57,9 @@ class Stats:
                 t["cache_hits"] += 1
             if rec.get("model_call"):
                 t["model_calls"] += 1
+            if rec["outcome"] == "error":
+                why = str(rec.get("reason") or "unknown")[:160]
+                self.failures[why] = self.failures.get(why, 0) + 1
             self.recent.append(rec)
             path = self.request_log
         if path is not None:
@@ -82,6 +87,7 @@ class Stats:
     def snapshot(self, last: int = 20) -> dict:
         with self._lock:
             t = json.loads(json.dumps(self.totals))  # a deep copy
+            failures = dict(self.failures)
             recent = list(self.recent)[-last:] if last else []
             lat = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in SHOWN + ("empty",))
             shown = sorted(r["latency_ms"] for r in self.recent if r["outcome"] in SHOWN)
@@ -93,7 +99,8 @@ class Stats:
         t["shown_latency_ms_p50"] = _pct(shown, 50)
         t["shown_latency_ms_p95"] = _pct(shown, 95)
         t["uptime_s"] = round(time.time() - self.started, 1)
-        return {"totals": t, "recent": recent}
+        t["failures"] = dict(sorted(failures.items(), key=lambda kv: -kv[1])[:20])
+        return {"totals": t, "recent": recent, "config_problems": list(self.config_problems)}
 
 
 def _pct(xs: list[float], p: float) -> float | None:

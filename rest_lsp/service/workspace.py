@@ -7,7 +7,9 @@ on tokenisation or suffix-array builds:
   DatastoreSet; completions work before that, with the other sources;
 - the folder is watched (indexer.watch) and saved/changed files go to `update_paths` (delta shards);
 - open buffers go to the datastore's live shard (`set_live`), coalesced: only a buffer's latest text is
-  tokenised. Buffers outside every indexed folder go to the context source's buffer list instead.
+  tokenised, and only the lines an edit touched (rest_lsp/service/live.py), with secret lines masked and
+  key material (by name or content) never fed. Buffers outside every indexed folder go to the context
+  source's buffer list instead.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from urllib.parse import unquote, urlparse
 from rest_lsp.filenames import safe_filename
 
 from . import indexing
+from .live import LiveBuffer
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,22 @@ def uri_to_path(uri: str) -> Path | None:
     if os.name == "nt" and p.startswith("/") and len(p) > 2 and p[2] == ":":
         p = p[1:]
     return Path(p)
+
+
+def buffer_name(uri: str) -> str:
+    """The file name of a buffer's URI (what the secrets rules look at)."""
+    path = uri_to_path(uri)
+    return path.name if path is not None else urlparse(uri).path.rsplit("/", 1)[-1]
+
+
+def _batch_encoder(backend) -> Callable[[list[str]], list]:
+    """Token ids of several texts in one call (the tokenizer's threads share it), as backend.encode gives."""
+    tok = getattr(getattr(backend, "loaded", None), "tokenizer", None)
+    if tok is not None:
+        from indexer.tokenizer import encode_batch
+
+        return lambda texts: encode_batch(tok, texts)
+    return lambda texts: [backend.encode(t) for t in texts]
 
 
 def default_cache_dir() -> Path:
@@ -80,6 +99,9 @@ class WorkspaceIndex:
         self._live: dict[str, Any] = {}            # open buffers: uri -> latest text (or a callable returning it)
         self._dirty: set[str] = set()              # buffers whose latest text is not fed yet
         self._too_big: set[str] = set()            # buffers over max_live_bytes (reported once)
+        self._masked: dict[str, int] = {}          # buffer -> lines masked because they carry a secret
+        self._secret: dict[str, str] = {}          # buffers never fed: key material (by name or content)
+        self._buffers: dict[str, LiveBuffer] = {}  # the token ids of each fed buffer, kept per edit
         self._live_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._closed = False
@@ -169,7 +191,10 @@ class WorkspaceIndex:
                     store_stats[key] = fn()
                 except Exception as exc:  # noqa: BLE001
                     store_stats[key] = {"error": str(exc)}
-        return {"folders": folders, "stores": store_stats, "open_buffers": len(self._live)}
+        return {"folders": folders, "stores": store_stats, "open_buffers": len(self._live),
+                "masked_live": {u: n for u, n in self._masked.items() if n},   # counts, never the values
+                "long_lines_live": {u: b.long_lines for u, b in list(self._buffers.items()) if b.long_lines},
+                "secret_buffers": sorted(self._secret)}
 
     def drafts(self, text: str, max_len: int = 10) -> dict:
         """What the workspace datastores propose after `text` (decoded), for debugging and tests."""
@@ -304,8 +329,27 @@ class WorkspaceIndex:
         backend = self.service.worker.backend
         if backend is None:
             return          # no model: nothing to tokenise with
-        ids = backend.encode(text)
+        from indexer.discover import is_secret_name
+        from indexer.secrets import clean
+
         path = uri_to_path(uri)
+        name = buffer_name(uri)
+        buf = self._buffers.get(uri)
+        if not is_secret_name(name):
+            if buf is None or buf.backend is not backend:   # a new model may tokenize differently
+                buf = self._buffers[uri] = LiveBuffer(name, _batch_encoder(backend), clean)
+                buf.backend = backend
+            buf.update(text)   # re-tokenizes only what the edit touched, secrets masked first
+        if buf is None or is_secret_name(name) or buf.key_material:
+            # key material by name (.env, id_rsa) or content (a private key): never fed, gone if it was
+            if uri not in self._secret:
+                self._secret[uri] = "key material"
+                self.notify("info", f"{uri}: key material; it does not feed the drafts")
+            self._drop_live(uri, keep_text=True)
+            return
+        self._secret.pop(uri, None)
+        self._masked[uri] = buf.masked_lines
+        ids = buf.tokens()
         folder = self._folder_of(path) if path is not None else None
         ctx = backend.context
         if folder is not None and folder.state == "ready" and \
@@ -318,10 +362,14 @@ class WorkspaceIndex:
             # copy-on-write: the inference thread may be iterating the old dict
             ctx.buffers = {**ctx.buffers, uri: np.asarray(ids, dtype=np.int64)}
 
-    def _drop_live(self, uri: str) -> None:
-        with self._live_lock:
-            self._live.pop(uri, None)
-            self._dirty.discard(uri)
+    def _drop_live(self, uri: str, keep_text: bool = False) -> None:
+        if not keep_text:
+            with self._live_lock:
+                self._live.pop(uri, None)
+                self._dirty.discard(uri)
+            self._masked.pop(uri, None)
+            self._secret.pop(uri, None)
+            self._buffers.pop(uri, None)
         for f in self.folders.values():
             if f.state == "ready":
                 self.service.repository.call(f.key, "drop_live", uri)

@@ -111,3 +111,49 @@ def test_since_counts_through_halving():
     assert src.since(src.total).tolist() == []
     src.reset([7, 8])
     assert src.tokens().tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("damage", ["torn", "newer", "other-model"])
+def test_a_save_never_writes_over_a_file_it_could_not_read(tmp_path, damage):
+    """Damaged while the daemon runs, or rewritten by a newer rest-lsp or another model's daemon: the next
+    save moves the file aside (kept whole for inspection) and says so, then writes its own output."""
+    from rest_lsp.engine.history import HistoryFile
+
+    path = tmp_path / "h.msgpack"
+    src = HistorySource()
+    hf = HistoryFile(path, "m/1", src)
+    src.begin([0])
+    src.observe([10, 11, 12])
+    hf.save()
+    good = path.read_bytes()
+    theirs = {"torn": good[: len(good) // 2],
+              "newer": msgpack.packb({**msgpack.unpackb(good), "version": 2, "extra": [1, 2]}),
+              "other-model": msgpack.packb({**msgpack.unpackb(good), "model": "other/9"})}[damage]
+    path.write_bytes(theirs)
+    src.observe([13])
+    hf.save()
+    aside = list(tmp_path.glob("h.msgpack.unreadable-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == theirs
+    assert hf.error is not None and aside[0].name in hf.error
+    assert load_history(path, "m/1").tolist() == [10, 11, 12, 13]
+
+
+def test_a_save_that_cannot_move_the_damaged_file_writes_nothing(tmp_path, monkeypatch):
+    from rest_lsp.engine import history
+    from rest_lsp.engine.history import HistoryFile
+
+    path = tmp_path / "h.msgpack"
+    src = HistorySource()
+    hf = HistoryFile(path, "m/1", src)
+    src.observe([1, 2])
+    hf.save()
+    path.write_bytes(b"\x00 not a history file")
+    src.observe([3])
+
+    def cannot_move(p):
+        raise PermissionError(13, "Permission denied", str(p))
+
+    monkeypatch.setattr(history, "set_aside", cannot_move)
+    with pytest.raises(OSError):
+        hf.save()
+    assert path.read_bytes() == b"\x00 not a history file"

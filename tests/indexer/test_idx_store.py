@@ -1,6 +1,7 @@
 """The on-disk datastore: build, manifest, incremental updates equal a rebuild, merging, mismatches."""
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 
@@ -21,8 +22,10 @@ def test_build_manifest_and_search(tmp_path, bpe_tok_path):
     })
     ds = Datastore.build([tmp_path / "repo"], tmp_path / "ds", tokenizer=bpe_tok_path)
     tok = load_tokenizer(bpe_tok_path)
-    m = msgpack.unpackb((tmp_path / "ds" / "manifest.msgpack").read_bytes())
-    assert m["format"] == 1 and m["width"] == 2 and m["kind"] == "repository"
+    sealed = msgpack.unpackb((tmp_path / "ds" / "manifest.msgpack").read_bytes())
+    assert sealed["format"] == 2 and hashlib.sha256(sealed["body"]).hexdigest() == sealed["sha256"]
+    m = msgpack.unpackb(sealed["body"])
+    assert m["width"] == 2 and m["kind"] == "repository"
     assert m["tokenizer"] == fingerprint(tok)
     assert m["build_time_s"] > 0
     assert sorted(m["docs"]["path"]) == sorted(str(tmp_path / "repo" / p) for p in ("a.py", "pkg/b.py"))

@@ -94,10 +94,25 @@ def _no_partials(d):
     return [p.name for p in d.iterdir() if ".partial" in p.name]
 
 
-def test_gguf_conversion_is_atomic_and_cached(tmp_path, monkeypatch, tiny_model_dir):
+def _fake_gguf(tmp_path, monkeypatch, name: str):
+    """A file named .gguf (the loaders below never read it) and a cache of its own."""
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "Fake Model.gguf"
+    gguf = tmp_path / name
     gguf.write_bytes(b"GGUF not really")
+    return gguf
+
+
+def _copying_loader(model_dir, calls: list):
+    """A conversion that copies a ready model directory, noting each call."""
+    def good(src, out):
+        calls.append(src)
+        for p in model_dir.iterdir():
+            shutil.copy(p, out / p.name)
+    return good
+
+
+def test_gguf_conversion_is_atomic_and_cached(tmp_path, monkeypatch, tiny_model_dir):
+    gguf = _fake_gguf(tmp_path, monkeypatch, "Fake Model.gguf")
     calls = []
 
     def failing(src, out):
@@ -118,11 +133,7 @@ def test_gguf_conversion_is_atomic_and_cached(tmp_path, monkeypatch, tiny_model_
         convert_gguf(gguf, loader=interrupted)
     assert not dest.exists() and _no_partials(dest.parent) == []
 
-    def good(src, out):
-        calls.append(src)
-        for p in tiny_model_dir.iterdir():
-            shutil.copy(p, out / p.name)
-
+    good = _copying_loader(tiny_model_dir, calls)
     n = len(calls)
     d = convert_gguf(gguf, loader=good)
     assert d == dest and (d / "config.json").is_file() and len(calls) == n + 1
@@ -142,3 +153,52 @@ def test_loaded_build_prompt_fits_the_context(tiny_model_dir):
     assert ids[0] == p and ids[-1] == m and s in ids
     assert lm.tokenizer.decode(ids[:-1]).endswith("\nprint(value_1)\n")
     assert lm.build_prompt("x = 1", None) == lm.tokenizer.encode("x = 1", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("damage", ["truncate-weights", "flip-config", "drop-tokenizer", "no-checksums"])
+def test_a_damaged_conversion_is_converted_again(tmp_path, monkeypatch, tiny_model_dir, capfd, damage):
+    """Checksums of the converted cache: damage is one line on stderr and a new conversion, not a failed load
+    with a traceback. A cache from before checksums (none recorded) is checked for structure and recorded."""
+    from rest_lsp.model import converted
+
+    gguf = _fake_gguf(tmp_path, monkeypatch, "m.gguf")
+    calls = []
+    good = _copying_loader(tiny_model_dir, calls)
+    d = convert_gguf(gguf, loader=good)
+    assert (d / converted.CHECKSUMS).is_file() and converted.problem(d, full=True) is None
+    capfd.readouterr()
+    weights = next(d.glob("*.safetensors"))
+    if damage == "truncate-weights":
+        weights.write_bytes(weights.read_bytes()[:-1000])
+    elif damage == "flip-config":
+        raw = bytearray((d / "config.json").read_bytes())
+        raw[10] ^= 0x01
+        (d / "config.json").write_bytes(bytes(raw))
+    elif damage == "drop-tokenizer":
+        (d / "tokenizer.json").unlink()
+    else:
+        (d / converted.CHECKSUMS).unlink()
+    again = convert_gguf(gguf, loader=good)
+    err = capfd.readouterr().err
+    if damage == "no-checksums":
+        assert len(calls) == 1 and (d / converted.CHECKSUMS).is_file() and err == ""
+    else:
+        assert len(calls) == 2 and again == d
+        lines = [ln for ln in err.splitlines() if "damaged" in ln]
+        assert len(lines) == 1 and str(d) in lines[0] and "Traceback" not in err
+    assert converted.problem(d, full=True) is None
+    lm = load_model(gguf, device="cpu")
+    assert lm.path == d
+
+
+def test_a_flipped_byte_in_the_weights_is_found_by_the_full_check(tmp_path, tiny_model_dir):
+    from rest_lsp.model import converted
+
+    d = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, d)
+    converted.record(d)
+    weights = next(d.glob("*.safetensors"))
+    raw = bytearray(weights.read_bytes())
+    raw[-100] ^= 0x40
+    weights.write_bytes(bytes(raw))
+    assert converted.problem(d, full=True) is not None and "checksum" in converted.problem(d, full=True)
