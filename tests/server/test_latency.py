@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rest_lsp.service.config import ServerConfig
+from rest_lsp.service.config import ModelLimits, ServerConfig
 from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError
 from rest_lsp.service.prediction import Prediction, answer
 from rest_lsp.service.prompt import build_context
@@ -68,6 +68,9 @@ class FakeBackend:
     def figures(self, run):
         return {"tokens": len(run.text), "steps": run.steps, "stop_reason": run.stop_reason if run.done else None,
                 "computed_tokens": 0, "forwards": run.steps}
+
+    def limits(self):
+        return ModelLimits(context=None)
 
     def describe(self):
         return {"name": self.name}
