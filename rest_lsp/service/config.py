@@ -28,7 +28,7 @@ class ServerConfig:
     time_budget_ms: int = 1500          # per request, 0: none; past it the text so far is returned, cut at a line
     prompt_budget_ms: int = 1000        # an Automatic request whose prompt is not computed by then gets no
                                         # suggestion (the prompt goes on computing for the next one); 0: none
-    predict_budget_ms: int = 200        # after the prompt, an Automatic request shows the complete lines or
+    predict_budget_ms: int = 120        # after the prompt, an Automatic request shows the complete lines or
                                         # words decided by then; 0: wait for the first line (or time_budget_ms)
     layout: str = "auto"                # prompt layout: auto | line | psm | spm (rest_lsp/service/layout.py)
     middle_lines: int = 16              # line layout: lines typed above the cursor kept in the prompt's middle,
