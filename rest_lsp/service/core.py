@@ -40,6 +40,7 @@ from .worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted, 
 log = logging.getLogger(__name__)
 
 SAMPLING_TEMPERATURE = 0.8  # the alternatives of an Invoked request
+ALTERNATIVES_MARGIN_S = 0.1  # about one decoding step on a CPU: the alternatives end this far before the budget
 MIDDLE_CHARS = 1500  # the most text an anchored prompt middle holds (then it starts again at the cursor line)
 POLL_S = 0.1  # how often a request waiting for the model to load looks again
 
@@ -474,11 +475,14 @@ class CompletionService:
         cfg = self.config
         out: list[str] = []
         anchor = self._anchor(uri, ctx)
+        # the whole answer within the request's time budget (from when the model could work on it), so the
+        # sampling stops a step's margin before it
+        start = max(arrived, self.worker.ready_at or arrived)
+        end = start + cfg.time_budget_ms / 1000 - ALTERNATIVES_MARGIN_S if cfg.time_budget_ms else None
         for seed in range(1, cfg.alternatives):
-            left = cfg.time_budget_ms / 1000 - (time.perf_counter() - arrived) if cfg.time_budget_ms else None
-            if left is not None and left <= 0.05:
+            if end is not None and end - time.perf_counter() <= 0.05:
                 break
-            deadline = None if left is None else time.perf_counter() + max(left, 0.2 * cfg.time_budget_ms / 1000)
+            deadline = end
 
             def sample(backend: Backend, seed=seed, deadline=deadline):
                 run = backend.start(uri, ctx, cfg, purpose="sample", temperature=SAMPLING_TEMPERATURE, seed=seed,
