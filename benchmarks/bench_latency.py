@@ -7,7 +7,8 @@ typing session at a 150 ms debounce.
 It drives rest_lsp.service.CompletionService in-process, exactly as the LSP handler does (same worker
 thread, queue, cache, supersession; only the JSON-RPC framing, about a millisecond, is left out).
 
-Latency: positions come from a real file (default: the standard library's textwrap.py). Multi-line: a
+Latency: cold Invoked requests (one item: no sampled alternatives), each in a document whose first line is
+its own, so that no KV state of an earlier request holds its prompt. Positions come from a real file (default: the standard library's textwrap.py). Multi-line: a
 function's body is removed and the cursor sits on its first, empty line. Single-line: a code line is cut
 after a few characters and the cursor sits at the cut (the rest of the line is gone, as while typing).
 "with REST" uses the daemon's draft sources (the document itself, the indexed workspace, open buffers);
@@ -85,12 +86,26 @@ def single_line_cases(text: str, n: int, rng: random.Random) -> list[tuple[str, 
     return cases
 
 
+def mark(doc: str, line: int, tag: str, every: int = 20) -> tuple[str, int]:
+    """The document with a comment of its own every `every` lines above the cursor, so that whatever window the
+    prompt takes, no KV state of an earlier request holds more than a few lines of it: a cold request. Invoked
+    requests (below), so that the time budget, not the Automatic prompt budget, decides when it answers."""
+    lines = doc.split("\n")
+    out = []
+    for i, ln in enumerate(lines):
+        if i < line and i % every == 0:
+            out.append(f"# {tag}")
+        out.append(ln)
+    return "\n".join(out), line + (line + every - 1) // every
+
+
 async def measure_latency(svc: CompletionService, cases, tag: str) -> dict:
     lat, tokens, steps, outcomes = [], 0, 0, {}
     for k, (doc, line, col) in enumerate(cases):
         uri = f"file:///bench/{tag}/{k}.py"
+        doc, line = mark(doc, line, f"{tag} {k}")
         t0 = time.perf_counter()
-        r = await svc.complete(CompletionRequest(uri, doc, line, col, automatic=True, language="python"))
+        r = await svc.complete(CompletionRequest(uri, doc, line, col, automatic=False, language="python"))
         lat.append((time.perf_counter() - t0) * 1000)
         rec = r.record
         tokens += rec.get("tokens", 0)
@@ -206,7 +221,7 @@ async def main_async(args) -> dict:
                     "command": " ".join(sys.argv)}
     # a cold start, as the figures say: no history from earlier daemons, and none left behind
     cfg = ServerConfig(model=args.model, time_budget_ms=args.time_budget_ms, max_tokens=args.max_tokens,
-                       cache_dir=args.cache_dir, persist_history=False)
+                       cache_dir=args.cache_dir, persist_history=False, alternatives=1)
     svc = CompletionService(cfg, notify=lambda level, msg: print(f"[{level}] {msg}", file=sys.stderr))
     t0 = time.perf_counter()
     svc.start()
