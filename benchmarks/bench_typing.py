@@ -162,8 +162,10 @@ class Editor:
         params = types.InlineCompletionParams(
             context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
             text_document=types.TextDocumentIdentifier(uri=self.uri), position=types.Position(line, col))
-        return self.server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
-                                                               msg_id=msg_id)
+        fut = self.server.client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                                              msg_id=msg_id)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # a cancelled reply is read, not logged
+        return fut
 
     def cancel(self, msg_id: str) -> None:
         self.server.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
