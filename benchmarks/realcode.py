@@ -11,12 +11,10 @@ so an interrupted run never leaves a half-extracted project that a later run tru
 from __future__ import annotations
 
 import ast
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -24,9 +22,9 @@ DEFAULT_PROJECT = "boltons==26.2.0"
 
 
 def cache_dir() -> Path:
-    from rest_lsp.service.workspace import default_cache_dir
+    from rest_lsp.storage import cache_root
 
-    return default_cache_dir() / "bench-data"
+    return cache_root() / "bench-data"
 
 
 def fetch_project(spec: str = DEFAULT_PROJECT, cache: Path | None = None) -> Path:
@@ -35,9 +33,9 @@ def fetch_project(spec: str = DEFAULT_PROJECT, cache: Path | None = None) -> Pat
     dest = cache / spec.replace("==", "-").replace("/", "_")
     if (dest / ".complete").is_file():
         return _source_root(dest)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=cache))
-    try:
+    from rest_lsp.storage import atomic_dir
+
+    with atomic_dir(dest) as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
                         "--no-binary", ":all:", "-d", str(tmp / "dl"), spec], check=True, timeout=600)
         archive = next((tmp / "dl").iterdir())
@@ -49,12 +47,6 @@ def fetch_project(spec: str = DEFAULT_PROJECT, cache: Path | None = None) -> Pat
                 t.extractall(tmp / "src", filter="data")
         shutil.rmtree(tmp / "dl")
         (tmp / ".complete").write_text(spec + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return _source_root(dest)
 
 

@@ -1,11 +1,8 @@
-"""The msgpack manifest, atomic file writes and the writer lock of a datastore directory."""
+"""The msgpack manifest and the writer lock of a datastore directory (files written through rest_lsp.storage)."""
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import re
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +10,8 @@ from pathlib import Path
 
 import msgpack
 
-from .shard import atomic_file
+from rest_lsp.storage import file_lock, write_bytes_atomic
+
 from .types import CorruptManifest, DatastoreNotFound
 
 FORMAT_VERSION = 2   # 2: the manifest is wrapped with a sha256 of its bytes; 1 (no checksum) is still read
@@ -31,11 +29,6 @@ class Doc:
     start: int  # token span [start, end) inside the shard; a sentinel follows at `end`
     end: int
     masked: int = 0  # lines emptied before tokenization because they carry a secret (a count, never values)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    with atomic_file(path) as f:
-        f.write(data)
 
 
 def pack_docs(docs: dict[str, Doc]) -> dict:
@@ -198,29 +191,13 @@ def manifest_signature(directory: Path):
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-_THREAD_LOCKS: dict[str, threading.RLock] = {}
-_THREAD_LOCKS_GUARD = threading.Lock()
-
-
 @contextmanager
 def writer_lock(directory: Path):
-    """One writer at a time per directory: a thread lock inside the process, flock across processes
-    (released by the kernel if the writer dies)."""
+    """One writer at a time per directory (a thread in this process, or another process)."""
     directory = Path(directory)
-    key = str(directory.resolve())
-    with _THREAD_LOCKS_GUARD:
-        tl = _THREAD_LOCKS.setdefault(key, threading.RLock())
-    with tl:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(str(directory / LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory / LOCK):
+        yield
 
 
 def remove_unreferenced(directory: Path, keep: set[str]) -> int:

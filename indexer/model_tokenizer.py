@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from rest_lsp.storage import atomic_dir, cache_root, file_lock
 
 from .types import IndexerError
 
@@ -81,8 +82,6 @@ def _hub_snapshot(repo_id: str) -> Path:
 
 
 def _cache_dir(kind: str, location: Path, label: str) -> Path:
-    from .embedded import cache_root
-
     if kind == "gguf":
         stamps = _stamps([location])
     else:
@@ -103,14 +102,10 @@ def model_tokenizer_json(kind: str, location: str | os.PathLike) -> Path:
     dest = _cache_dir(kind, location, label)
     if (dest / "tokenizer.json").is_file():
         return dest / "tokenizer.json"
-    from .embedded import file_lock
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.with_name(dest.name + ".lock")):
         if (dest / "tokenizer.json").is_file():
             return dest / "tokenizer.json"
-        tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent))
-        try:
+        with atomic_dir(dest) as tmp:
             if "transformers" in sys.modules:  # already paid for (and torch with it): no child process
                 try:
                     save_with_transformers(kind, str(location), str(tmp))
@@ -125,10 +120,4 @@ def model_tokenizer_json(kind: str, location: str | os.PathLike) -> Path:
                                        + r.stdout.strip()[-2000:])
             if not (tmp / "tokenizer.json").is_file():
                 raise IndexerError(f"transformers wrote no tokenizer.json for {location} (not a fast tokenizer?)")
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return dest / "tokenizer.json"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from rest_lsp.storage import atomic_file, fsync_dir
 
 from .types import CorruptShard, TokenOutOfRange
 
@@ -140,45 +140,6 @@ class _HashingWriter:
         self.h.update(mv)
         self.size += mv.nbytes
         return self.f.write(mv)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def tmp_name(final: Path) -> Path:
-    return final.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{final.name}")
-
-
-@contextmanager
-def atomic_file(path: Path, *, sync_dir: bool = True):
-    """Write `path` atomically: a temporary file in the same folder, fsync, rename over `path`, and fsync
-    the folder (`sync_dir=False`: the caller does, once for several files). On any error the temporary
-    file is removed and `path` is untouched."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if sync_dir:
-        fsync_dir(path.parent)
 
 
 def write_npy_atomic(path: Path, arr: np.ndarray, *, sync_dir: bool = True) -> dict:

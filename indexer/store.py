@@ -224,42 +224,15 @@ class Datastore:
         only that many continuations, the heaviest (saves building the objects of the long tail).
         `first_k`: take the first k occurrences in suffix-array order instead, shard by shard in snapshot
         order, as the REST reference code does (a biased sample, kept for the `rest-paper` baseline)."""
-        if self._auto_refresh:
-            now = time.monotonic()
-            if now >= self._next_refresh:
-                self._next_refresh = now + REFRESH_INTERVAL_S
-                try:  # never waits for a writer; new shards get size checks (their writer hashed them)
-                    self.refresh(verify=False, wait=False)
-                except Exception:  # keep serving the state we have
-                    pass
+        self._maybe_refresh()
         shards = self._snapshot
         if n_max <= 0 or not shards:
             return SearchResult(0, 0, [])
-        ctx = [int(x) for x in list(context[-n_max:])] if len(context) else []
-        s = self.sentinel
-        for i in range(len(ctx) - 1, -1, -1):
-            if not 0 <= ctx[i] < s:
-                ctx = ctx[i + 1:]
-                break
+        ctx = self._search_context(context, n_max)
         n_min = max(1, n_min)
-        m = len(ctx)
-        if m < n_min:
+        if len(ctx) < n_min:
             return SearchResult(0, 0, [])
-        ctx_a = np.array(ctx, dtype=np.int64)
-        enc: dict = {}
-        best, hits = 0, []
-        for sh in shards:
-            key = sh.width if sh.alpha is None else id(sh.alpha)
-            cb = enc.get(key)
-            if cb is None:
-                cb = enc[key] = sh.encode(ctx_a)
-            nl = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
-            if nl == 0:
-                continue
-            if nl > best:
-                best, hits = nl, [(sh, cb)]
-            else:
-                hits.append((sh, cb))
+        best, hits = _longest_match(shards, np.array(ctx, dtype=np.int64), n_min)
         if best == 0:
             return SearchResult(0, 0, [])
         info = []
@@ -271,40 +244,28 @@ class Datastore:
                 total += c
         if k <= 0 or max_len <= 0:
             return SearchResult(best, total, [])
-        rows_l, cnt_l, wts_l = [], [], []
-        cols = np.arange(max_len)[None, :]
-        left = k
-        for sh, c, lo, hi in info:
-            if first_k:
-                if left <= 0:
-                    break
-                pos = sh.first(lo, hi, left)
-                left -= int(pos.size)
-            else:
-                quota = (hi - lo) if total <= k else max(1, round(k * c / total))
-                pos = sh.sample(lo, hi, quota)
-            uniq, lengths, counts = sh.continuations(pos, best, max_len)  # [u, max_len], [u], [u]
-            keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
-            uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
-            uniq[cols >= lengths[:, None]] = -1  # one padding for every shard: shorter sorts first
-            rows_l.append(uniq)
-            cnt_l.append(counts)
-            wts_l.append(counts * sh.weight)
-        if len(rows_l) == 1:  # distinct already
-            rows, counts, weights = rows_l[0], cnt_l[0], wts_l[0]
-        else:  # the same continuation from several shards: one entry, counts and weights summed
-            rows, inv = np.unique(np.concatenate(rows_l), axis=0, return_inverse=True)
-            inv = inv.reshape(-1)
-            counts = np.bincount(inv, weights=np.concatenate(cnt_l), minlength=len(rows)).astype(np.int64)
-            weights = np.bincount(inv, weights=np.concatenate(wts_l), minlength=len(rows))
-        # heaviest first, then most frequent, then by tokens
-        order = np.lexsort(tuple(rows[:, j] for j in range(max_len - 1, -1, -1)) + (-counts, -weights))
-        if limit is not None:
-            order = order[:max(0, limit)]
-        lengths = (rows[order] >= 0).sum(axis=1).tolist()
-        conts = [make_continuation(tuple(r[:ln]), c, w) for r, ln, c, w in
-                 zip(rows[order].tolist(), lengths, counts[order].tolist(), weights[order].tolist())]
-        return SearchResult(best, total, conts)
+        rows, counts, weights = _continuations(info, total, best, k, max_len, first_k)
+        return SearchResult(best, total, _ranked(rows, counts, weights, max_len, limit))
+
+    def _maybe_refresh(self) -> None:
+        """Pick up another writer's changes at most every REFRESH_INTERVAL_S (auto_refresh)."""
+        if self._auto_refresh:
+            now = time.monotonic()
+            if now >= self._next_refresh:
+                self._next_refresh = now + REFRESH_INTERVAL_S
+                try:  # never waits for a writer; new shards get size checks (their writer hashed them)
+                    self.refresh(verify=False, wait=False)
+                except Exception:  # keep serving the state we have
+                    pass
+
+    def _search_context(self, context: Sequence[int], n_max: int) -> list[int]:
+        """The last n_max tokens of the context, after the last one no shard can hold (out of range)."""
+        ctx = [int(x) for x in list(context[-n_max:])] if len(context) else []
+        s = self.sentinel
+        for i in range(len(ctx) - 1, -1, -1):
+            if not 0 <= ctx[i] < s:
+                return ctx[i + 1:]
+        return ctx
 
     # ---- live shards -----------------------------------------------------------------------------
     def set_live(self, name: str, tokens: Sequence[int], *, weight: float | None = None) -> None:
@@ -386,6 +347,10 @@ class Datastore:
             self._rules = disc.IgnoreRules(f)
         return f
 
+    def filters(self) -> disc.Filters:
+        """The discovery filters of this datastore (what a build, an update and the watcher skip)."""
+        return self._filters()
+
     def update_paths(self, paths: Iterable[Path]) -> dict:
         """Re-read these files or folders (changed, created, deleted, renamed): the old content of a
         changed or deleted document is masked in its shard, new content goes into a delta shard, and
@@ -416,21 +381,64 @@ class Datastore:
 
     def _update_locked(self, paths: list[Path], t0: float, known: dict | None = None) -> dict:
         m = dict(self._manifest)
-        roots = [Path(r) for r in m.get("roots", [])]
-        filters = self._filters()
-        rules = self._rules
-        docs = dict(self._docs)
-        dead_add: dict[str, list] = {}
-        summary = {"added": 0, "changed": 0, "removed": 0, "unchanged": 0, "errors": [], "undecodable": 0,
-                   "masked_lines": 0}
+        edit = _Edit(self._docs)
+        cands = self._candidates(paths, [Path(r) for r in m.get("roots", [])], edit, known)
+        new, touched_meta = self._read_changed(cands, edit)
+        summary, docs = edit.summary, edit.docs
+        if not new and not edit.dead and not touched_meta:
+            summary["seconds"] = time.perf_counter() - t0
+            return summary
 
-        def remove(key: str) -> bool:
-            d = docs.pop(key, None)
-            if d is not None:
-                dead_add.setdefault(d.shard, []).append((d.start, d.end))
-                return True
-            return False
+        kind = m.get("kind", "repository")
+        sid = arr = prepared = None
+        if new:
+            sid = self._next_id(m)
+            arr, prepared = self._tokenize_delta(new, sid, m, docs)
+        # searchable now, in this process: the new masks and the delta from memory; durable below
+        self._publish(edit.dead, Shard.from_sorted(sid, kind, prepared, weight=self.weights.get(kind, 1.0))
+                      if prepared is not None else None)
+        summary["searchable_s"] = time.perf_counter() - t0
+        metas = {s["id"]: dict(s) for s in m["shards"]}
+        order = [s["id"] for s in m["shards"]]
+        try:
+            if prepared is not None:
+                metas[sid], _ = write_shard(self.path / SHARD_DIR, sid, kind, arr, self.width, prepared=prepared)
+                order.append(sid)
+            for s_id, spans in edit.dead.items():
+                if s_id in metas:
+                    md = metas[s_id]
+                    md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
+            self._drop_empty(metas, order, docs)
+            self._commit_shards(m, metas, order, docs, stats=True)
+        except BaseException:
+            with self._lock:  # not written: serve what is on disk again
+                self._rebuild_snapshot()
+            raise
+        summary["durable_s"] = time.perf_counter() - t0
+        # merging comes after the update is searchable, as a commit of its own
+        before = list(order)
+        self._merge(m, metas, order, docs, self.path / SHARD_DIR)
+        if order != before:
+            self._commit_shards(dict(m), metas, order, docs)
+            summary["merged"] = True
+        summary["shards"] = len(order)
+        summary["seconds"] = time.perf_counter() - t0
+        return summary
 
+    def _commit_shards(self, m: dict, metas: dict, order: list, docs: dict, *, stats: bool = False) -> None:
+        """Commit manifest `m` with these shards (in `order`) and documents, as the next generation."""
+        m["shards"] = [metas[s] for s in order]
+        m["docs"] = pack_docs(docs)
+        m["generation"] = int(m.get("generation", 0)) + 1
+        if stats:
+            m["stats"] = _stats_of(docs)
+        self._commit(m, dict(docs))
+
+    def _candidates(self, paths: list[Path], roots: list[Path], edit: "_Edit",
+                    known: dict | None) -> dict[str, disc.Candidate]:
+        """The documents among `paths` (files, or folders walked) to read again; what is no longer a
+        document (deleted, ignored, too big) is removed from `edit`."""
+        filters, rules, docs = self._filters(), self._rules, edit.docs
         cands: dict[str, disc.Candidate] = {}
         for p in paths:
             p = p.absolute()
@@ -451,28 +459,33 @@ class Datastore:
                             found[str(c.path)] = c
                 prefix = key.rstrip(os.sep) + os.sep
                 for k2 in [k2 for k2 in docs if k2.startswith(prefix) and k2 not in found]:
-                    summary["removed"] += remove(k2)
+                    edit.remove(k2)
                 cands.update(found)
             elif p.is_file():
                 ok, root = disc.is_document(p, roots, filters, rules)
                 if not ok:
-                    summary["removed"] += remove(key)
+                    edit.remove(key)
                     continue
                 try:
                     st = p.stat()
                 except OSError:
-                    summary["removed"] += remove(key)
+                    edit.remove(key)
                     continue
                 if st.st_size > filters.max_file_size:
-                    summary["removed"] += remove(key)
+                    edit.remove(key)
                     continue
                 cands[key] = disc.Candidate(p, root, st.st_size, st.st_mtime_ns)
             else:
-                summary["removed"] += remove(key)
+                edit.remove(key)
                 prefix = key.rstrip(os.sep) + os.sep
                 for k2 in [k2 for k2 in docs if k2.startswith(prefix)]:
-                    summary["removed"] += remove(k2)
+                    edit.remove(k2)
+        return cands
 
+    def _read_changed(self, cands: dict[str, disc.Candidate], edit: "_Edit") -> tuple[list[tuple], bool]:
+        """Read the candidates whose size or mtime changed: ([(key, mtime_ns, document)] of new content,
+        whether only metadata changed somewhere (same hash, new mtime))."""
+        filters, docs, summary = self._filters(), edit.docs, edit.summary
         new: list[tuple] = []
         touched_meta = False
         for key, c in cands.items():
@@ -483,13 +496,13 @@ class Datastore:
             try:
                 doc = read_document(c.path, filters.max_file_size, self.tokenizer)
             except FileNotFoundError:
-                summary["removed"] += remove(key)
+                edit.remove(key)
                 continue
             except OSError as e:  # unreadable now: keep serving what we had
                 summary["errors"].append(f"{c.path}: {e.strerror or e}")
                 continue
             if doc.skip is not None:
-                summary["removed"] += remove(key)
+                edit.remove(key)
                 continue
             if d is not None and d.hash == doc.hash:
                 docs[key] = dataclasses.replace(d, size=doc.size, mtime_ns=c.mtime_ns)
@@ -498,68 +511,26 @@ class Datastore:
                 continue
             summary["undecodable"] += doc.undecodable
             summary["masked_lines"] += doc.masked_lines
-            if remove(key):
+            if edit.remove(key, count=False):
                 summary["changed"] += 1
             else:
                 summary["added"] += 1
             new.append((key, c.mtime_ns, doc))
+        return new, touched_meta
 
-        if not new and not dead_add and not touched_meta:
-            summary["seconds"] = time.perf_counter() - t0
-            return summary
+    def _tokenize_delta(self, new: list[tuple], sid: str, m: dict, docs: dict):
+        """The delta shard `sid` of the new documents, joined and suffix-sorted (not written yet); their
+        entries in `docs` point into it. Returns (ids, prepared sort)."""
+        from .tokenizer import encode_batch
 
-        shard_dir = self.path / SHARD_DIR
-        metas = {s["id"]: dict(s) for s in m["shards"]}
-        order = [s["id"] for s in m["shards"]]
-        kind = m.get("kind", "repository")
-        prepared = sid = None
-        if new:
-            from .tokenizer import encode_batch
-
-            texts = [doc.text for _, _, doc in new if doc.pieces is None]
-            ids = iter(encode_batch(self.tokenizer, texts) if texts else [])
-            arr, spans = join_documents([doc.pieces if doc.pieces is not None else next(ids)
-                                         for _, _, doc in new], self.width)
-            sid = self._next_id(m)
-            prepared = sort_shard(arr, self.width, m["tokenizer"].get("vocab_size"))
-            for (key, mtime, doc), (a, b) in zip(new, spans):
-                docs[key] = Doc(doc.size, mtime, doc.hash, sid, a, b, doc.masked_lines)
-        # searchable now, in this process: the new masks and the delta from memory; durable below
-        self._publish(dead_add, Shard.from_sorted(sid, kind, prepared, weight=self.weights.get(kind, 1.0))
-                      if prepared is not None else None)
-        summary["searchable_s"] = time.perf_counter() - t0
-        try:
-            if prepared is not None:
-                metas[sid], _ = write_shard(shard_dir, sid, kind, arr, self.width, prepared=prepared)
-                order.append(sid)
-            for s_id, spans in dead_add.items():
-                if s_id in metas:
-                    md = metas[s_id]
-                    md["dead"] = sorted(set(tuple(x) for x in md.get("dead", [])) | set(spans))
-            self._drop_empty(metas, order, docs)
-            m["shards"] = [metas[s] for s in order]
-            m["docs"] = pack_docs(docs)
-            m["generation"] = int(m.get("generation", 0)) + 1
-            m["stats"] = _stats_of(docs)
-            self._commit(m, dict(docs))
-        except BaseException:
-            with self._lock:  # not written: serve what is on disk again
-                self._rebuild_snapshot()
-            raise
-        summary["durable_s"] = time.perf_counter() - t0
-        # merging comes after the update is searchable, as a commit of its own
-        before = list(order)
-        self._merge(m, metas, order, docs, shard_dir)
-        if order != before:
-            m = dict(m)
-            m["shards"] = [metas[s] for s in order]
-            m["docs"] = pack_docs(docs)
-            m["generation"] = int(m.get("generation", 0)) + 1
-            self._commit(m, dict(docs))
-            summary["merged"] = True
-        summary["shards"] = len(order)
-        summary["seconds"] = time.perf_counter() - t0
-        return summary
+        texts = [doc.text for _, _, doc in new if doc.pieces is None]
+        ids = iter(encode_batch(self.tokenizer, texts) if texts else [])
+        arr, spans = join_documents([doc.pieces if doc.pieces is not None else next(ids)
+                                     for _, _, doc in new], self.width)
+        prepared = sort_shard(arr, self.width, m["tokenizer"].get("vocab_size"))
+        for (key, mtime, doc), (a, b) in zip(new, spans):
+            docs[key] = Doc(doc.size, mtime, doc.hash, sid, a, b, doc.masked_lines)
+        return arr, prepared
 
     @staticmethod
     def _drop_empty(metas: dict, order: list, docs: dict) -> None:
@@ -695,6 +666,89 @@ class Datastore:
             except CorruptShard as e:
                 problems.append(str(e))
         return problems
+
+
+def _longest_match(shards, ctx_a: np.ndarray, n_min: int) -> tuple[int, list]:
+    """The longest suffix of the context (at least n_min tokens) found in any shard, and the shards holding
+    it with the context in each one's encoding: (length, [(shard, encoded context)]); (0, []) if none."""
+    enc: dict = {}
+    best, hits = 0, []
+    for sh in shards:
+        key = sh.width if sh.alpha is None else id(sh.alpha)
+        cb = enc.get(key)
+        if cb is None:
+            cb = enc[key] = sh.encode(ctx_a)
+        nl = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
+        if nl == 0:
+            continue
+        if nl > best:
+            best, hits = nl, [(sh, cb)]
+        else:
+            hits.append((sh, cb))
+    return best, hits
+
+
+def _continuations(info: list, total: int, best: int, k: int, max_len: int, first_k: bool):
+    """Up to k occurrences' continuations over the shards' match ranges `info` [(shard, count, lo, hi)],
+    distinct: (rows [u, max_len] padded with -1, counts, weights)."""
+    rows_l, cnt_l, wts_l = [], [], []
+    cols = np.arange(max_len)[None, :]
+    left = k
+    for sh, c, lo, hi in info:
+        if first_k:
+            if left <= 0:
+                break
+            pos = sh.first(lo, hi, left)
+            left -= int(pos.size)
+        else:
+            quota = (hi - lo) if total <= k else max(1, round(k * c / total))
+            pos = sh.sample(lo, hi, quota)
+        uniq, lengths, counts = sh.continuations(pos, best, max_len)  # [u, max_len], [u], [u]
+        keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
+        uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
+        uniq[cols >= lengths[:, None]] = -1  # one padding for every shard: shorter sorts first
+        rows_l.append(uniq)
+        cnt_l.append(counts)
+        wts_l.append(counts * sh.weight)
+    if len(rows_l) == 1:  # distinct already
+        return rows_l[0], cnt_l[0], wts_l[0]
+    # the same continuation from several shards: one entry, counts and weights summed
+    rows, inv = np.unique(np.concatenate(rows_l), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    counts = np.bincount(inv, weights=np.concatenate(cnt_l), minlength=len(rows)).astype(np.int64)
+    weights = np.bincount(inv, weights=np.concatenate(wts_l), minlength=len(rows))
+    return rows, counts, weights
+
+
+def _ranked(rows: np.ndarray, counts: np.ndarray, weights: np.ndarray, max_len: int,
+            limit: int | None) -> list:
+    """The continuations heaviest first, then most frequent, then by tokens (the first `limit`)."""
+    order = np.lexsort(tuple(rows[:, j] for j in range(max_len - 1, -1, -1)) + (-counts, -weights))
+    if limit is not None:
+        order = order[:max(0, limit)]
+    lengths = (rows[order] >= 0).sum(axis=1).tolist()
+    return [make_continuation(tuple(r[:ln]), c, w) for r, ln, c, w in
+            zip(rows[order].tolist(), lengths, counts[order].tolist(), weights[order].tolist())]
+
+
+class _Edit:
+    """An update in the making: the documents after it, the spans of old shards it makes dead, its summary."""
+
+    def __init__(self, docs: dict):
+        self.docs = dict(docs)
+        self.dead: dict[str, list] = {}
+        self.summary = {"added": 0, "changed": 0, "removed": 0, "unchanged": 0, "errors": [], "undecodable": 0,
+                        "masked_lines": 0}
+
+    def remove(self, key: str, *, count: bool = True) -> bool:
+        """Drop the document `key` (its span goes dead); whether it was there. `count`: as a removal."""
+        d = self.docs.pop(key, None)
+        if d is None:
+            return False
+        self.dead.setdefault(d.shard, []).append((d.start, d.end))
+        if count:
+            self.summary["removed"] += 1
+        return True
 
 
 def _stats_of(docs: dict) -> dict:

@@ -46,14 +46,12 @@ def load_tokenizer(name_or_path):
             return fast   # tagged already (detached_copy, or loaded here): keep its name and source
         return _tag(fast, tokenizer_name(name_or_path), tokenizer_source(name_or_path))
     if str(name_or_path).strip() in (EMBEDDED_NAME, "embedded"):
-        try:
-            from . import embedded
-        except ImportError as e:  # pragma: no cover - depends on the model host's part
-            raise IndexerError(f"the embedded tokenizer is not available ({e}); pass --tokenizer") from e
+        from rest_lsp import assets
+
         from .model_tokenizer import model_tokenizer_json
 
         # the tokenizer files extracted from the GGUF, loaded as the host loads them (Qwen2's NFC normalizer)
-        f = model_tokenizer_json("dir", embedded.tokenizer_dir())
+        f = model_tokenizer_json("dir", assets.tokenizer_dir())
         return _tag(Tokenizer.from_file(str(f)), EMBEDDED_NAME, "embedded")
     from .model_tokenizer import model_tokenizer_json
 

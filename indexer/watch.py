@@ -39,7 +39,7 @@ class Watcher:
         self._stop = False
         self.updates = 0
         self.errors: list[str] = []
-        self._skip_dirs = set(ds._filters().exclude_dirs)
+        self._skip_dirs = set(ds.filters().exclude_dirs)
         self._skip_dirs.discard("site-packages")
         store_dir = str(ds.path.absolute()) if ds.path is not None else None
         watcher = self

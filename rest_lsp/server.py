@@ -165,153 +165,184 @@ def _error(exc: ServiceError) -> JsonRpcException:
     return JsonRpcServerError(str(exc), MODEL_UNAVAILABLE)
 
 
+# ---------------------------------------------------------------------------------------- LSP handlers
+# One named function per LSP message, a few lines each: LSP types in, the service's plain values out
+# (jedi-language-server style). create_server() registers them.
+def initialize(ls: RestLanguageServer, params: types.InitializeParams):
+    try:
+        ls.loop = asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
+    ls.service.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
+    ls.service.start()
+
+
+def initialized(ls: RestLanguageServer, params: types.InitializedParams):
+    from .service.workspace import WorkspaceIndex
+    folders = [f.uri for f in (ls.workspace.folders or {}).values()] or \
+        ([ls.workspace.root_uri] if ls.workspace.root_uri else [])
+    ls.indexing = WorkspaceIndex(ls.service, ls.notify_log, _ProgressReporter(ls))
+    ls.indexing.start(folders)
+
+
+def shutdown(ls: RestLanguageServer, params):
+    close_all(ls)
+
+
+def exit_(ls: RestLanguageServer, params):
+    # pygls exits by raising SystemExit on the event loop, after which the interpreter waits for its
+    # stdin reader thread, which only returns when the client closes the pipe. Not every client does:
+    # make sure the process ends soon after `exit` either way.
+    rc = 0 if ls.protocol._shutdown else 1
+    close_all(ls)
+    logging.shutdown()
+    timer = threading.Timer(1.0, os._exit, args=(rc,))
+    timer.daemon = True
+    timer.start()
+
+
+def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):
+    changed, _ = ls.service.configure(params.settings)   # problems are shown (window/showMessage)
+    if ls.indexing is not None and changed & {"exclude", "index_workspace", "cache_dir", "corpus"}:
+        ls.indexing.reconfigure(changed)
+
+
+def did_open(ls: RestLanguageServer, params: types.DidOpenTextDocumentParams):
+    if ls.indexing is not None:
+        ls.indexing.buffer_changed(params.text_document.uri, params.text_document.text)
+
+
+def did_change(ls: RestLanguageServer, params: types.DidChangeTextDocumentParams):
+    uri = params.text_document.uri
+    doc = ls.workspace.get_text_document(uri)
+    if ls.indexing is not None:
+        ls.indexing.buffer_changed(uri, lambda: ls.workspace.get_text_document(uri).source)
+    at = _edit_end(doc, params.content_changes)
+    ls.service.document_changed(uri, doc.source, *(at or (None, None)), language=doc.language_id)
+
+
+def cursor(ls: RestLanguageServer, params: Any):
+    """Our clients say where the cursor rests: the KV cache is warmed there before the next request."""
+    params = _as_dict(params)
+    uri = _as_dict(params.get("textDocument")).get("uri")
+    pos = _as_dict(params.get("position"))
+    if not isinstance(uri, str) or uri not in ls.workspace.text_documents or \
+            not all(isinstance(pos.get(k), int) and pos.get(k) >= 0 for k in ("line", "character")):
+        return  # a notification gets no error reply: a bad one is ignored
+    doc = ls.workspace.get_text_document(uri)
+    line, col = _to_columns(doc, types.Position(pos["line"], pos["character"]))
+    ls.service.cursor_rested(uri, doc.source, line, col, language=doc.language_id)
+
+
+def did_save(ls: RestLanguageServer, params: types.DidSaveTextDocumentParams):
+    if ls.indexing is not None:
+        ls.indexing.file_saved(params.text_document.uri)
+
+
+def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams):
+    ls.service.document_closed(params.text_document.uri)
+    if ls.indexing is not None:
+        ls.indexing.buffer_closed(params.text_document.uri)
+
+
+def _completion_request(doc, params: types.InlineCompletionParams) -> CompletionRequest:
+    """The service's request: code-point columns, the popup's selected item, whether the user asked."""
+    line, col = _to_columns(doc, params.position)
+    ctx = params.context
+    selected = None
+    if ctx is not None and ctx.selected_completion_info is not None:
+        info = ctx.selected_completion_info
+        selected = Selected(_to_columns(doc, info.range.start), _to_columns(doc, info.range.end), info.text)
+    automatic = ctx is None or ctx.trigger_kind != types.InlineCompletionTriggerKind.Invoked
+    return CompletionRequest(uri=doc.uri, text=doc.source, line=line, column=col, automatic=automatic,
+                             selected=selected, language=doc.language_id)
+
+
+def _completion_list(doc, text: str, items) -> types.InlineCompletionList:
+    return types.InlineCompletionList(items=[
+        types.InlineCompletionItem(
+            insert_text=item.text,
+            range=types.Range(_from_columns(doc, text, *item.start), _from_columns(doc, text, *item.end)))
+        for item in items])
+
+
+async def inline_completion(ls: RestLanguageServer, params: types.InlineCompletionParams):
+    uri = params.text_document.uri
+    if uri not in ls.workspace.text_documents:
+        raise JsonRpcInvalidParams(f"unknown document {uri}: open it with textDocument/didOpen first")
+    doc = ls.workspace.get_text_document(uri)
+    req = _completion_request(doc, params)
+    try:
+        resp = await ls.service.complete(req)
+    except ServiceError as exc:
+        raise _error(exc) from None
+    return _completion_list(doc, req.text, resp.items)
+
+
+def stats(ls: RestLanguageServer, params: Any):
+    last = _as_dict(params).get("last", 20)
+    last = last if isinstance(last, int) and last >= 0 else 20
+    snap = ls.service.snapshot(last)
+    snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
+    transport = getattr(ls, "transport_stats", None)
+    snap["protocol"] = {**(transport.snapshot() if transport is not None else {}),
+                        "error_replies": dict(ls.protocol.error_replies)}
+    return snap
+
+
+def rebuild_index(ls: RestLanguageServer, *args):
+    """Queue a from-scratch build of every workspace folder's datastore and answer at once
+    ({"folders": [...]}); the indexing thread does the work, with work-done progress, and rest/stats
+    shows each folder go indexing -> ready with its new figures (`rebuilds` counts them)."""
+    if ls.indexing is None:
+        raise JsonRpcInvalidParams("the workspace is not initialized yet")
+    if not ls.service.config.index_workspace:
+        raise JsonRpcInvalidParams("workspace indexing is off (index_workspace: false)")
+    return {"folders": ls.indexing.rebuild()}
+
+
+async def drafts(ls: RestLanguageServer, params: Any):
+    """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
+    params = _as_dict(params)
+    max_len = params.get("max_len", 10)
+    if not isinstance(params.get("text"), str) or isinstance(max_len, bool) or \
+            not isinstance(max_len, int) or not 1 <= max_len <= 64:
+        raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>", "max_len"?: 1..64}')
+    if ls.indexing is None:
+        raise JsonRpcInvalidParams("the workspace is not initialized yet")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, ls.indexing.drafts, params["text"], max_len)
+    except RuntimeError as exc:   # no model, so no tokenizer
+        raise _error(ServiceError("model_unavailable", str(exc))) from None
+
+
+FEATURES = [   # (LSP method, registration options, handler)
+    (types.INITIALIZE, None, initialize),
+    (types.INITIALIZED, None, initialized),
+    (types.SHUTDOWN, None, shutdown),
+    (types.EXIT, None, exit_),
+    (types.WORKSPACE_DID_CHANGE_CONFIGURATION, None, did_change_configuration),
+    (types.TEXT_DOCUMENT_DID_OPEN, None, did_open),
+    (types.TEXT_DOCUMENT_DID_CHANGE, None, did_change),
+    (CURSOR, None, cursor),
+    (types.TEXT_DOCUMENT_DID_SAVE, None, did_save),
+    (types.TEXT_DOCUMENT_DID_CLOSE, None, did_close),
+    (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions(), inline_completion),
+    (STATS, None, stats),
+    (DRAFTS, None, drafts),
+]
+COMMANDS = [(REBUILD_INDEX, rebuild_index)]   # pygls answers workspace/executeCommand and advertises them
+
+
 def create_server(config: ServerConfig | None = None) -> RestLanguageServer:
     """The server with every feature registered; `config` is the starting configuration (CLI flags)."""
     server = RestLanguageServer(config)
-    svc = server.service
-
-    @server.feature(types.INITIALIZE)
-    def initialize(ls: RestLanguageServer, params: types.InitializeParams):
-        try:
-            ls.loop = asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
-        svc.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
-        svc.start()
-
-    @server.feature(types.INITIALIZED)
-    def initialized(ls: RestLanguageServer, params: types.InitializedParams):
-        from .service.workspace import WorkspaceIndex
-        folders = [f.uri for f in (ls.workspace.folders or {}).values()] or \
-            ([ls.workspace.root_uri] if ls.workspace.root_uri else [])
-        ls.indexing = WorkspaceIndex(svc, ls.notify_log, _ProgressReporter(ls))
-        ls.indexing.start(folders)
-
-    @server.feature(types.SHUTDOWN)
-    def shutdown(ls: RestLanguageServer, params):
-        close_all(ls)
-
-    @server.feature(types.EXIT)
-    def exit_(ls: RestLanguageServer, params):
-        # pygls exits by raising SystemExit on the event loop, after which the interpreter waits for its
-        # stdin reader thread, which only returns when the client closes the pipe. Not every client does:
-        # make sure the process ends soon after `exit` either way.
-        rc = 0 if ls.protocol._shutdown else 1
-        close_all(ls)
-        logging.shutdown()
-        timer = threading.Timer(1.0, os._exit, args=(rc,))
-        timer.daemon = True
-        timer.start()
-
-    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):
-        changed, _ = svc.configure(params.settings)   # problems are shown (window/showMessage)
-        if ls.indexing is not None and changed & {"exclude", "index_workspace", "cache_dir", "corpus"}:
-            ls.indexing.reconfigure(changed)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls: RestLanguageServer, params: types.DidOpenTextDocumentParams):
-        if ls.indexing is not None:
-            ls.indexing.buffer_changed(params.text_document.uri, params.text_document.text)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: RestLanguageServer, params: types.DidChangeTextDocumentParams):
-        uri = params.text_document.uri
-        doc = ls.workspace.get_text_document(uri)
-        if ls.indexing is not None:
-            ls.indexing.buffer_changed(uri, lambda: ls.workspace.get_text_document(uri).source)
-        at = _edit_end(doc, params.content_changes)
-        svc.document_changed(uri, doc.source, *(at or (None, None)), language=doc.language_id)
-
-    @server.feature(CURSOR)
-    def cursor(ls: RestLanguageServer, params: Any):
-        """Our clients say where the cursor rests: the KV cache is warmed there before the next request."""
-        params = _as_dict(params)
-        uri = _as_dict(params.get("textDocument")).get("uri")
-        pos = _as_dict(params.get("position"))
-        if not isinstance(uri, str) or uri not in ls.workspace.text_documents or \
-                not all(isinstance(pos.get(k), int) and pos.get(k) >= 0 for k in ("line", "character")):
-            return  # a notification gets no error reply: a bad one is ignored
-        doc = ls.workspace.get_text_document(uri)
-        line, col = _to_columns(doc, types.Position(pos["line"], pos["character"]))
-        svc.cursor_rested(uri, doc.source, line, col, language=doc.language_id)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
-    def did_save(ls: RestLanguageServer, params: types.DidSaveTextDocumentParams):
-        if ls.indexing is not None:
-            ls.indexing.file_saved(params.text_document.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams):
-        svc.document_closed(params.text_document.uri)
-        if ls.indexing is not None:
-            ls.indexing.buffer_closed(params.text_document.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: RestLanguageServer, params: types.InlineCompletionParams):
-        uri = params.text_document.uri
-        if uri not in ls.workspace.text_documents:
-            raise JsonRpcInvalidParams(f"unknown document {uri}: open it with textDocument/didOpen first")
-        doc = ls.workspace.get_text_document(uri)
-        text = doc.source
-        line, col = _to_columns(doc, params.position)
-        ctx = params.context
-        selected = None
-        if ctx is not None and ctx.selected_completion_info is not None:
-            info = ctx.selected_completion_info
-            selected = Selected(_to_columns(doc, info.range.start), _to_columns(doc, info.range.end), info.text)
-        req = CompletionRequest(uri=uri, text=text, line=line, column=col,
-                                automatic=ctx is None or ctx.trigger_kind != types.InlineCompletionTriggerKind.Invoked,
-                                selected=selected, language=doc.language_id)
-        try:
-            resp = await svc.complete(req)
-        except ServiceError as exc:
-            raise _error(exc) from None
-        return types.InlineCompletionList(items=[
-            types.InlineCompletionItem(
-                insert_text=item.text,
-                range=types.Range(_from_columns(doc, text, *item.start), _from_columns(doc, text, *item.end)))
-            for item in resp.items])
-
-    @server.feature(STATS)
-    def stats(ls: RestLanguageServer, params: Any):
-        last = _as_dict(params).get("last", 20)
-        last = last if isinstance(last, int) and last >= 0 else 20
-        snap = svc.snapshot(last)
-        snap["datastore"] = ls.indexing.snapshot() if ls.indexing is not None else None
-        transport = getattr(ls, "transport_stats", None)
-        snap["protocol"] = {**(transport.snapshot() if transport is not None else {}),
-                            "error_replies": dict(ls.protocol.error_replies)}
-        return snap
-
-    @server.command(REBUILD_INDEX)   # pygls answers workspace/executeCommand and advertises the name
-    def rebuild_index(ls: RestLanguageServer, *args):
-        """Queue a from-scratch build of every workspace folder's datastore and answer at once
-        ({"folders": [...]}); the indexing thread does the work, with work-done progress, and rest/stats
-        shows each folder go indexing -> ready with its new figures (`rebuilds` counts them)."""
-        if ls.indexing is None:
-            raise JsonRpcInvalidParams("the workspace is not initialized yet")
-        if not svc.config.index_workspace:
-            raise JsonRpcInvalidParams("workspace indexing is off (index_workspace: false)")
-        return {"folders": ls.indexing.rebuild()}
-
-    @server.feature(DRAFTS)
-    async def drafts(ls: RestLanguageServer, params: Any):
-        """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
-        params = _as_dict(params)
-        max_len = params.get("max_len", 10)
-        if not isinstance(params.get("text"), str) or isinstance(max_len, bool) or \
-                not isinstance(max_len, int) or not 1 <= max_len <= 64:
-            raise JsonRpcInvalidParams('rest/drafts takes {"text": "<context>", "max_len"?: 1..64}')
-        if ls.indexing is None:
-            raise JsonRpcInvalidParams("the workspace is not initialized yet")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                None, ls.indexing.drafts, params["text"], max_len)
-        except RuntimeError as exc:   # no model, so no tokenizer
-            raise _error(ServiceError("model_unavailable", str(exc))) from None
-
+    for method, options, handler in FEATURES:
+        server.feature(method, options)(handler)
+    for name, handler in COMMANDS:
+        server.command(name)(handler)
     return server
 
 

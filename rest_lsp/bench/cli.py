@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from indexer.types import IndexerError
 from rest_lsp.engine.history import HistoryError, HistoryFile, history_model_key, load_history, save_history
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
+from rest_lsp.storage import write_bytes_atomic
 
 from .methods import METHODS
 
@@ -81,14 +81,7 @@ def _datastores(args, tok, tmp: Path):
 def _write_json(path: str, obj) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(p, json.dumps(obj, indent=1).encode())
 
 
 def _history(path: str | None, lm):
@@ -222,7 +215,7 @@ def replay_parser() -> argparse.ArgumentParser:
 
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
-    from indexer.embedded import cache_root
+    from rest_lsp.storage import cache_root
 
     from rest_lsp.engine.policy import PolicyError, parse_policy
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +27,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import atomic_file
 
 RECORD_KIND = "rest-lsp-replay"
 RECORD_VERSION = 1
 # c(q) in ms measured on the 2-core development CPU, Qwen2.5-Coder-0.5B eager fp32, 300-token cache
-# (shared/NOTES.md); the default cost table when a record carries no measured one.
-NOTES_CPU_COST = {"qs": [1, 4, 8, 16, 32, 64], "ms": [293.0, 745.0, 824.0, 1187.0, 1397.0, 2070.0]}
+# (measured once, idle); the default cost table when a record carries no measured one.
+DEFAULT_CPU_COST = {"qs": [1, 4, 8, 16, 32, 64], "ms": [293.0, 745.0, 824.0, 1187.0, 1397.0, 2070.0]}
 
 
 @dataclass
@@ -112,18 +111,12 @@ def record_prompts(loaded, prompts, max_new_tokens: int, path: Path, *, prompts_
 def write_records(path: Path, header: dict, records: Sequence[Record]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header) + "\n")
-            for r in records:
-                f.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
-                                    "topk": r.topk, "stop_reason": r.stop_reason,
-                                    "max_new_tokens": r.max_new_tokens, "end_token": r.end_token}) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, text=True) as f:
+        f.write(json.dumps(header) + "\n")
+        for r in records:
+            f.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
+                                "topk": r.topk, "stop_reason": r.stop_reason,
+                                "max_new_tokens": r.max_new_tokens, "end_token": r.end_token}) + "\n")
 
 
 def read_records(path: Path) -> tuple[dict, list[Record]]:
@@ -163,7 +156,7 @@ def cost_model(spec: str | None, header: dict | None = None):
     if spec in (None, "auto"):
         spec = "record" if header and header.get("cost_ms") else "notes-cpu"
     if spec == "notes-cpu":
-        d = NOTES_CPU_COST
+        d = DEFAULT_CPU_COST
     elif spec == "flat":
         return CostModel.flat()
     elif spec == "record":

@@ -7,9 +7,7 @@ c(q) is measured once per model/precision/device/verifier and cached in the user
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Sequence
 import torch
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import cache_root, write_bytes_atomic
 
 from .verifier import Verifier, chain_mask
 
@@ -130,14 +129,7 @@ def measure_cost(
 
 
 def cache_dir() -> Path:
-    try:
-        from indexer.embedded import cache_root  # the project's cache root, once it exists
-
-        return Path(cache_root()) / "cost"
-    except (ImportError, AttributeError):
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("rest-lsp")) / "cost"
+    return cache_root() / "cost"
 
 
 def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
@@ -163,10 +155,7 @@ def load_or_measure(
     model = measure_cost(verifier, vocab_size, **measure_kw)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"qs": model.qs, "ms": model.ms}, f)
-        os.replace(tmp, path)
+        write_bytes_atomic(path, json.dumps({"qs": model.qs, "ms": model.ms}).encode())
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time
     return model

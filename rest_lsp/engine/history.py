@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from indexer.manifest import write_bytes_atomic
+from rest_lsp.storage import write_bytes_atomic
 
 from .sources import HistorySource
 

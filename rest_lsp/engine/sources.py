@@ -111,11 +111,13 @@ class ContextSource(_MatchingSource):
         super().__init__(n_max, max_matches)
         self.buffers: dict[str, np.ndarray] = {}
 
+    # copy-on-write: the inference thread may be iterating the old dict while the LSP thread feeds a buffer
     def set_buffer(self, name: str, tokens: Sequence[int]) -> None:
-        self.buffers[name] = np.asarray(tokens, dtype=np.int64)
+        self.buffers = {**self.buffers, name: np.asarray(tokens, dtype=np.int64)}
 
     def drop_buffer(self, name: str) -> None:
-        self.buffers.pop(name, None)
+        if name in self.buffers:
+            self.buffers = {k: v for k, v in self.buffers.items() if k != name}
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
         return [(context, True)] + [(b, False) for b in self.buffers.values()]

@@ -3,7 +3,7 @@
     load_model(spec=None, device="auto", precision="auto") -> LoadedModel
 
 `spec` is one of
-    None                 the embedded Qwen2.5-Coder-0.5B-Instruct (indexer/embedded.py assembles its GGUF)
+    None                 the embedded Qwen2.5-Coder-0.5B-Instruct (rest_lsp/assets.py assembles its GGUF)
     a directory          a Hugging Face checkpoint (config.json + weights + tokenizer)
     a .gguf file         converted once into a safetensors directory in the user cache, then loaded from there
     a hub id             "org/name", fetched by transformers where the network allows
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import atomic_dir, cache_root, file_lock
 
 from .prompts import FimFormat, build_prompt, context_limit, decode_as_continuation, resolve_fim, stop_token_ids
 
@@ -113,19 +112,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 # ---------------------------------------------------------------------------------------- GGUF cache
-def _cache_root() -> Path:
-    from indexer.embedded import cache_root
-
-    return cache_root()
-
-
 def gguf_cache_dir(gguf: Path) -> Path:
     """Where a GGUF's converted safetensors copy lives: keyed by its resolved path, size and mtime."""
     gguf = Path(gguf).resolve()
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
     stem = safe_filename(gguf.stem)[:60]
-    return _cache_root() / "converted" / f"{stem}-{key}"
+    return cache_root() / "converted" / f"{stem}-{key}"
 
 
 def _default_gguf_loader(gguf: Path, out: Path) -> None:
@@ -151,8 +144,6 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
     complete, under a file lock, so a killed or failed conversion never leaves a half-written cache entry.
     The directory's checksums (rest_lsp/model/converted.py) are checked at each use: a damaged cache is
     converted again, with one line on stderr saying why."""
-    from indexer.embedded import file_lock
-
     from . import converted
 
     gguf = Path(gguf).expanduser().resolve()
@@ -161,7 +152,6 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
     dest = Path(dest) if dest is not None else gguf_cache_dir(gguf)
     if dest.is_dir() and converted.problem(dest) is None:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.with_name(dest.name + ".lock")):
         damage = converted.problem(dest) if dest.is_dir() else "absent"
         if damage is None:
@@ -169,8 +159,7 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
         if damage != "absent":   # a checksum or size mismatch: convert again instead of failing the load
             print(f"rest-lsp: the converted model cache {dest} is damaged ({damage}); converting {gguf.name} "
                   "again", file=sys.stderr, flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent))
-        try:
+        with atomic_dir(dest) as tmp:
             print(f"rest-lsp: converting {gguf.name} into a safetensors cache (once; about 100 s on a "
                   "small CPU)", file=sys.stderr, flush=True)
             try:
@@ -182,19 +171,12 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
             if not (tmp / "config.json").is_file():
                 raise ModelLoadError(f"converting {gguf} produced no config.json")
             converted.record(tmp)
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is the user's like any other
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return dest
 
 
 def embedded_model_dir() -> Path:
     """The embedded model as a safetensors directory in the cache (assembling and converting on first use)."""
-    from indexer.embedded import GGUF_SHA256, embedded_dir, gguf_path
+    from rest_lsp.assets import GGUF_SHA256, embedded_dir, gguf_path
 
     gguf = gguf_path()
     return convert_gguf(gguf, embedded_dir() / f"hf-{GGUF_SHA256[:12]}")

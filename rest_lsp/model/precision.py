@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +96,7 @@ def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
             "torch": torch.__version__, "model": loaded_fp32.name}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_bytes_atomic(path, json.dumps(data).encode())
     except OSError:
         pass  # measured again next time
     log.info("precision auto on this CPU: %s (fp32 %s, bf16 %s)", choice, fp32, bf16)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import cache_root
 
 from .config import ModelLimits, ServerConfig, prompt_windows
 from .datastores import DatastoreSet
@@ -241,8 +242,6 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     from rest_lsp.engine.history import history_model_key
     from rest_lsp.model.host import load_model
 
-    from .workspace import default_cache_dir
-
     loaded = load_model(config.model, device=config.device, precision=config.precision)
     precision_choice = None
     if config.precision == "auto" and loaded.device.type == "cpu" and loaded.precision == "fp32":
@@ -251,7 +250,7 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
         choice, precision_choice = choose(loaded)  # measured once per model and CPU (cached)
         if choice == "bf16":
             loaded = as_bf16(loaded)
-    cache = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    cache = Path(config.cache_dir).expanduser() if config.cache_dir else cache_root()
     history = history_path(cache, history_model_key(loaded)) if config.persist_history else None
     backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,
                             history_file=history, kv_pool_bytes=config.kv_cache_mb << 20)

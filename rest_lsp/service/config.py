@@ -92,7 +92,7 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
 
 # Prompt windows by device. In fill-in-the-middle order (prefix, suffix, middle) a keystroke at the cursor
 # invalidates the KV cache of everything after it, so every request re-computes the suffix window: on a
-# small CPU (about 30 ms per prompt token for the 0.5B model, shared/NOTES.md) 1,500 characters (~400
+# small CPU (about 30 ms per prompt token for the 0.5B model, measured on 2 cores) 1,500 characters (~400
 # tokens) would cost ~12 s per request, 300 characters ~2 s. The prefix is reused between requests.
 WINDOWS = {"cpu": (3000, 300), "other": (6000, 1500)}
 

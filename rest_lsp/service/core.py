@@ -341,11 +341,39 @@ class CompletionService:
             self.stats.record(rec)
             return CompletionResponse(items, rec)
 
-        if not self._serves(req.language, req.text):
-            if self.config.languages is not None and req.language not in self.config.languages:
-                return finish("skipped", [], reason=f"language {req.language!r} not in languages")
-            self._notify("info", f"{req.uri}: binary content, no completion")
-            return finish("skipped", [], reason="binary content")
+        skipped = self._skip_reason(req)
+        if skipped is not None:
+            return finish("skipped", [], reason=skipped)
+        ctx = self._request_context(req, finish)
+        rec["mode"] = "multi" if ctx.multiline else "single"
+        self._supersede_waiters(req.uri)  # a newer request wins over older ones still waiting (Neovim
+        # does not cancel them)
+        pred, source = self._prediction_for(req.uri, ctx)
+        rec["source"], rec["model_call"] = source, source == "new"
+        text, why = await self._wait_as_waiter(req, ctx, pred, t0, finish)
+        if why in ("superseded", "stale", "dropped"):
+            return finish("superseded" if why == "stale" else why, [])
+        if why == "unavailable":
+            finish("error", [], reason=self.worker.error)
+            raise ServiceError("model_unavailable", f"the model is not available: {self.worker.error}")
+        texts = await self._shown_texts(req, ctx, pred, text, t0)
+        items = [Item(ctx.lead + t, ctx.range_start, (ctx.line, ctx.column)) for t in texts]
+        figures = dict(pred.figures) if source == "new" else {}
+        outcome = {"new": "completed", "in_flight": "reused", "cache": "cache"}[source] if items else "empty"
+        return finish(outcome, items, answer=why, chars=len(texts[0]) if texts else 0,
+                      raw=pred.text, prediction_age_ms=round((t0 - pred.created) * 1000, 1), **figures)
+
+    def _skip_reason(self, req: CompletionRequest) -> str | None:
+        """Why this document gets no completion (a language not served, binary content), or None."""
+        if self._serves(req.language, req.text):
+            return None
+        if self.config.languages is not None and req.language not in self.config.languages:
+            return f"language {req.language!r} not in languages"
+        self._notify("info", f"{req.uri}: binary content, no completion")
+        return "binary content"
+
+    def _request_context(self, req: CompletionRequest, finish: Callable[..., CompletionResponse]) -> CompletionContext:
+        """The request's context; a bad position or a failed model is recorded and raised as ServiceError."""
         try:
             ctx = build_context(req.text, req.line, req.column, req.selected)
         except PositionError as exc:
@@ -354,19 +382,24 @@ class CompletionService:
         if self.worker.state == "failed":
             finish("error", [], reason=self.worker.error)
             raise ServiceError("model_unavailable", f"the model is not available: {self.worker.error}")
-        rec["mode"] = "multi" if ctx.multiline else "single"
+        return ctx
 
-        self._supersede_waiters(req.uri)  # a newer request wins over older ones still waiting (Neovim
-        # does not cancel them)
-        found = self.predictions.find(req.uri, ctx)
-        if found is None:
-            for pred in self.predictions.of(req.uri):
-                if pred.live:
-                    self._stop_prediction(pred, "superseded")
-            pred, source = self._predict(req.uri, ctx, origin="request", priority=INTERACTIVE), "new"
-        else:
-            pred, source = found[0], ("cache" if found[1].done else "in_flight")
-        rec["source"], rec["model_call"] = source, source == "new"
+    def _prediction_for(self, uri: str, ctx: CompletionContext) -> tuple[Prediction, str]:
+        """The prediction that answers this context and where it came from: "cache" (done), "in_flight", or
+        "new" (the document's other live predictions are stopped for it)."""
+        found = self.predictions.find(uri, ctx)
+        if found is not None:
+            return found[0], ("cache" if found[1].done else "in_flight")
+        for pred in self.predictions.of(uri):
+            if pred.live:
+                self._stop_prediction(pred, "superseded")
+        return self._predict(uri, ctx, origin="request", priority=INTERACTIVE), "new"
+
+    async def _wait_as_waiter(self, req: CompletionRequest, ctx: CompletionContext, pred: Prediction,
+                              t0: float, finish: Callable[..., CompletionResponse]) -> tuple[str, str]:
+        """`_await_answer` with the request counted as waiting on `pred` (its job at interactive priority
+        meanwhile) and as a waiter a newer request of the document supersedes; failures recorded and raised
+        as ServiceError."""
         pred.waiting += 1
         if pred.live:
             self.worker.set_priority(pred.job, INTERACTIVE)
@@ -376,8 +409,9 @@ class CompletionService:
             text, why = await self._await_answer(pred, ctx, req.automatic, t0, waiter)
             if why == "error":  # the model run failed: the request gets the reason, the log the traceback
                 raise pred.job.future.exception() or RuntimeError("the prediction failed")
+            return text, why
         except asyncio.CancelledError:
-            finish("cancelled", [], source=source)
+            finish("cancelled", [])
             raise
         except Exception as exc:  # noqa: BLE001 - counted with its reason; never a traceback in the reply
             log.error("completion failed", exc_info=exc)
@@ -391,22 +425,18 @@ class CompletionService:
             pred.waiting -= 1
             if pred.live and pred.waiting == 0:
                 self.worker.set_priority(pred.job, AHEAD)  # go on predicting, behind everything else
-        if why in ("superseded", "stale", "dropped"):
-            return finish("superseded" if why == "stale" else why, [])
-        if why == "unavailable":
-            finish("error", [], reason=self.worker.error)
-            raise ServiceError("model_unavailable", f"the model is not available: {self.worker.error}")
+
+    async def _shown_texts(self, req: CompletionRequest, ctx: CompletionContext, pred: Prediction, text: str,
+                           t0: float) -> list[str]:
+        """What the editor shows: the answer, sampled alternatives for an Invoked request; a shown answer
+        starts the prediction of what follows it."""
         texts = [text] if text else []
         if not req.automatic and self.config.alternatives > 1 and texts:
             texts += await self._alternatives(req.uri, ctx, texts, t0)
         if texts:
             pred.shown += 1
             self._predict_ahead(pred)
-        items = [Item(ctx.lead + t, ctx.range_start, (ctx.line, ctx.column)) for t in texts]
-        figures = dict(pred.figures) if source == "new" else {}
-        outcome = {"new": "completed", "in_flight": "reused", "cache": "cache"}[source] if items else "empty"
-        return finish(outcome, items, answer=why, chars=len(texts[0]) if texts else 0,
-                      raw=pred.text, prediction_age_ms=round((t0 - pred.created) * 1000, 1), **figures)
+        return texts
 
     def _supersede_waiters(self, uri: str) -> None:
         for waiter in self._waiters.get(uri, ()):

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.storage import cache_root
 
 from . import indexing
 from .live import LiveBuffer
@@ -55,16 +56,6 @@ def _batch_encoder(backend) -> Callable[[list[str]], list]:
 
         return lambda texts: encode_batch(tok, texts)
     return lambda texts: [backend.encode(t) for t in texts]
-
-
-def default_cache_dir() -> Path:
-    """REST_LSP_CACHE, else the user cache directory (the same root the model cache uses)."""
-    env = os.environ.get("REST_LSP_CACHE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rest-lsp"))
 
 
 def workspace_store_dir(cache_dir: Path, folder: Path) -> Path:
@@ -264,7 +255,7 @@ class WorkspaceIndex:
             return
         f.backend = backend
         self._stop_watch(f)
-        cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+        cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_root()
         f.store_dir = workspace_store_dir(cache, f.root)
         f.state, f.error = "indexing", None
         title = "rest-lsp: rebuilding the index" if rebuild else "rest-lsp: indexing"
@@ -355,12 +346,9 @@ class WorkspaceIndex:
         if folder is not None and folder.state == "ready" and \
                 self.service.repository.call(folder.key, "set_live", uri, ids):
             folder.live_updates += 1
-            if uri in ctx.buffers:   # fed there before the index was ready: not twice
-                ctx.buffers = {k: v for k, v in ctx.buffers.items() if k != uri}
+            ctx.drop_buffer(uri)   # fed there before the index was ready: not twice
         else:
-            import numpy as np
-            # copy-on-write: the inference thread may be iterating the old dict
-            ctx.buffers = {**ctx.buffers, uri: np.asarray(ids, dtype=np.int64)}
+            ctx.set_buffer(uri, ids)
 
     def _drop_live(self, uri: str, keep_text: bool = False) -> None:
         if not keep_text:
@@ -374,8 +362,8 @@ class WorkspaceIndex:
             if f.state == "ready":
                 self.service.repository.call(f.key, "drop_live", uri)
         backend = self.service.worker.backend
-        if backend is not None and uri in backend.context.buffers:
-            backend.context.buffers = {k: v for k, v in backend.context.buffers.items() if k != uri}
+        if backend is not None:
+            backend.context.drop_buffer(uri)
 
     def _update_paths(self, paths: list[Path]) -> None:
         by_folder: dict[str, list[Path]] = {}

@@ -1,6 +1,7 @@
 """Fixtures for the editor tests."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,3 +15,19 @@ def tiny_model(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "rest_lsp.model.tiny", str(out)], check=True,
                    capture_output=True, timeout=300)
     return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under scripts/test.sh (REST_LSP_REQUIRE_EDITORS=1), which installed the editors, a skipped editor
+    test is a failure: a missing or broken editor must not pass CI as a row of skips. The only exception
+    is the Neovim 0.12 download the user turned off (SKIP_NVIM012=1)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not os.environ.get("REST_LSP_REQUIRE_EDITORS"):
+        return
+    reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if os.environ.get("SKIP_NVIM012") and "Neovim 0.12" in reason:
+        return
+    report.outcome = "failed"
+    report.longrepr = f"skipped under REST_LSP_REQUIRE_EDITORS=1 (scripts/test.sh installed the editors): {reason}"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from indexer.embedded import cache_root
+from rest_lsp.storage import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "editors" / "vscode"

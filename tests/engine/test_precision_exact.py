@@ -1,0 +1,61 @@
+"""Exactness in every precision the CPU offers, against an independent reference.
+
+The model is loaded as the daemon loads it (rest_lsp.model.host.load_model: fp32, bf16, fp16, int8), the
+engine decodes with forced drafts (the true continuation plus a wrong branch at every token, so that trees
+are verified and partly accepted), and its output must be token for token what transformers' own `generate`
+gives for the same loaded model (greedy, its KV cache, one token per forward): never engine against engine.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rest_lsp.engine import Engine, GenerationConfig
+
+from ._models import ScriptedSource
+
+N = 32
+PROMPT = "def moving_average(values, window):\n    total = 0\n    for i, v in enumerate(values):\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from rest_lsp.model.tiny import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-precision") / "model", seed=0)
+
+
+def hf_generate(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate, every stop rule off: the plain decoding the engine must reproduce."""
+    gc = copy.deepcopy(model.generation_config)
+    gc.do_sample, gc.max_new_tokens, gc.min_new_tokens = False, n, None
+    gc.eos_token_id, gc.pad_token_id = None, 0
+    gc.temperature = gc.top_p = gc.top_k = None
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("verifier", ["eager", "auto"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8"])
+def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
+    from rest_lsp.model.host import load_model
+    from rest_lsp.model.verifiers import make_verifier_or_eager
+
+    torch.set_num_threads(1)
+    lm = load_model(str(tiny_dir), device="cpu", precision=precision)
+    assert lm.precision == precision
+    prompt = lm.tokenizer.encode(PROMPT)
+    ref = hf_generate(lm.model, prompt, N)
+    assert len(ref) == N and len(set(ref)) >= 6, "degenerate output: exactness would not discriminate"
+    source = ScriptedSource(prompt + ref, wrong_branch=0.7, vocab=lm.model.config.vocab_size)
+    engine = Engine(lm, [(source, 1.0)], verifier=make_verifier_or_eager(lm, verifier), eos_token_ids=[])
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=8))
+    assert res.tokens == ref, (precision, verifier)
+    if precision == "int8":
+        assert res.steps == N   # not batch-invariant: decoded plainly, one token per forward
+    else:
+        assert res.steps < N / 2, res.accepted   # the forced drafts were verified and accepted

@@ -1,0 +1,234 @@
+"""The package's shape, checked from the source (ast, nothing imported): no import cycles among the modules
+of rest_lsp and indexer, and no module reaching into another module's underscore names."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("rest_lsp", "indexer")
+# code outside the packages that uses them (the tests may poke at internals; these may not)
+USERS = ("benchmarks", "scripts")
+
+
+# ---------------------------------------------------------------------------------------- the import graph
+def package_modules(root: Path = REPO) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of PACKAGES under `root`."""
+    mods = {}
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            parts = list(p.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = p
+    return mods
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _known(name: str, mods: dict[str, Path]) -> str | None:
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, anywhere in it (a function-level import counts: a lazy
+    import hides a cycle from Python but not from the design). `from pkg import mod` is an edge to pkg.mod."""
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(m, path.name == "__init__.py", node)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                k = _known(t, mods)
+                if k is not None and k != m:
+                    graph[m].add(k)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def _describe(graph, comp) -> str:
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(comp)))}" for m in comp)
+
+
+def test_no_import_cycles():
+    graph = import_graph(package_modules())
+    assert "indexer.store" in graph and "rest_lsp.service.core" in graph  # the walk found the packages
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(_describe(graph, c) for c in found)
+
+
+# What each area may import of the project (docs/ARCHITECTURE.md, "Modules"). An area is a subpackage of
+# rest_lsp, indexer, or a top-level module of rest_lsp.
+_BASE = {"rest_lsp.filenames", "rest_lsp.storage"}
+ALLOWED = {
+    "rest_lsp": set(),
+    "rest_lsp.storage": set(),
+    "rest_lsp.filenames": set(),
+    "rest_lsp.transport": set(),
+    "rest_lsp.documents": set(),
+    "rest_lsp.assets": {"rest_lsp.storage"},
+    "indexer": {"rest_lsp.storage", "rest_lsp.assets"},          # torch-free: never the model or engine
+    "rest_lsp.engine": _BASE,                                     # calls the model through its Verifier
+    "rest_lsp.model": _BASE | {"rest_lsp.assets", "rest_lsp.engine", "indexer"},
+    "rest_lsp.service": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},
+    "rest_lsp.bench": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},
+    "rest_lsp.server": {"rest_lsp.documents", "rest_lsp.service"},
+    "rest_lsp.cli": {"rest_lsp.bench", "rest_lsp.server", "rest_lsp.service", "rest_lsp.transport"},
+}
+
+
+def area(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "indexer":
+        return "indexer"
+    return ".".join(parts[:2])
+
+
+def test_areas_import_only_what_they_may():
+    graph = import_graph(package_modules())
+    assert set(map(area, graph)) == set(ALLOWED), "a new area: add it to ALLOWED and docs/ARCHITECTURE.md"
+    bad = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                 if area(t) != area(m) and area(t) not in ALLOWED[area(m)])
+    assert not bad, "imports across areas that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(bad)
+
+
+def test_cycle_finder_finds_a_cycle(tmp_path):
+    """The check above can fail: a cycle planted in a copy of the package layout is found."""
+    pkg = tmp_path / "indexer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from indexer import c\n")
+    (pkg / "c.py").write_text("import indexer.a\n")
+    (pkg / "d.py").write_text("from . import a\n")
+    (tmp_path / "rest_lsp").mkdir()
+    graph = import_graph(package_modules(tmp_path))
+    assert cycles(graph) == [["indexer.a", "indexer.b", "indexer.c"]]
+
+
+# ---------------------------------------------------------------------------------------- reach-ins
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_privates(tree: ast.AST) -> set[str]:
+    """Underscore names a module defines: functions, classes, variables, attributes it assigns on self/cls
+    (not on another library's object: pygls' server._stop_event stays pygls')."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str)):
+            names.add(node.args[1].value)
+    return {n for n in names if _private(n)}
+
+
+def reach_ins(files: list[Path], project_files: list[Path]) -> list[str]:
+    """`x._name` (x not self/cls) where `_name` is not defined in the same module but is in another project
+    module, and `from <project module> import _name`. Underscore names of other libraries (torch, pygls)
+    are not the project's to police here."""
+    trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in set(files) | set(project_files)}
+    defined = {p: _defined_privates(trees[p]) for p in trees}
+    project = set().union(*(defined[p] for p in project_files))
+    found = []
+    for p in files:
+        rel = p.relative_to(REPO) if p.is_relative_to(REPO) else p
+        for node in ast.walk(trees[p]):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
+                        and node.value.func.id == "super":
+                    continue
+                if node.attr not in defined[p] and node.attr in project:
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level or mod.split(".")[0] in PACKAGES:
+                    found += [f"{rel}:{node.lineno}: from {'.' * node.level}{mod} import {a.name}"
+                              for a in node.names if _private(a.name)]
+    return found
+
+
+def test_no_module_reaches_into_another_modules_underscore_names():
+    project = list(package_modules().values())
+    users = [p for d in USERS if (REPO / d).is_dir() for p in sorted((REPO / d).rglob("*.py"))]
+    found = reach_ins(project + users, project)
+    assert not found, "give these a public name or method:\n" + "\n".join(found)
+
+
+def test_reach_in_check_can_fail(tmp_path):
+    owner = tmp_path / "owner.py"
+    owner.write_text("class Engine:\n    def _forget_cache(self):\n        self._cost = 1\n"
+                     "    def reset(self, other: 'Engine'):\n        other._forget_cache()\n")
+    user = tmp_path / "user.py"
+    user.write_text("from rest_lsp.owner import _helper\n\ndef f(engine):\n    engine._forget_cache()\n"
+                    "    return engine._cost, engine.public, engine._not_ours\n")
+    assert reach_ins([owner], [owner]) == []   # a class touching another instance of itself: its own module
+    found = reach_ins([user], [owner])
+    assert sorted(f.split(": ", 1)[1] for f in found) == [
+        "engine._cost", "engine._forget_cache", "from rest_lsp.owner import _helper"]
