@@ -255,6 +255,8 @@ class Datastore:
         m = len(ctx)
         if m < n_min:
             return SearchResult(0, 0, [])
+        if SEARCH_CACHE_SIZE <= 0:
+            return self._search(shards, ctx, n_min, k, max_len, limit, first_k)
         key = (*ctx, n_min, k, max_len, limit, first_k)  # the tokens searched: len(ctx) <= n_max
         with self._cache_lock:
             if self._cache_for is not shards:
