@@ -13,7 +13,7 @@ its indentation, the cursor at its end (a new line after `def ...:` as an editor
 what the daemon makes there (rest_lsp/service: the `auto` layout with its token-healing lead, the CPU prompt
 windows of 3,000 / 300 characters, a multi-line completion's stop rules: 8 lines, the suffix's next line, the
 end of the cursor's block). The model's greedy infill is recorded once through the engine with no drafts
-(cached in `<cache>/replay/`, about 20 s per body with the embedded model on 2 cores), then every policy is
+(cached in `<cache>/replay/`, about 15 s per body with the embedded model on 2 cores), then every policy is
 replayed over the same records (rest_lsp/bench/replay.py), with the daemon's stop rules, the records of a
 project in order through one drafter, as requests through one daemon.
 
@@ -21,8 +21,9 @@ What each prompt's daemon holds, as rest_lsp/service/workspace.py arranges it:
 - the repository source: a datastore of the project's other files (the held-out file excluded), built per
   held-out file in the model's tokenizer; the document being edited (the file without the body) is an open
   buffer in that datastore's live shard;
-- without the repository source, that open buffer goes to the context source instead (a daemon with no
-  indexed workspace folder);
+- without the repository, that open buffer goes to the context source instead and the repository source
+  searches an empty workspace set (a daemon whose folder is not indexed: the same `rest` policy, the
+  repository's share left unclaimed);
 - the corpus (--datastore), the history (the model's output on the earlier bodies of the run) and recycle.
 
 Reported per project, with and without the repository: M (tokens per model step) at each draft budget, the
