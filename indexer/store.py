@@ -32,6 +32,10 @@ MERGE_FANOUT = 4  # shards of one size class that trigger a merge (log-structure
 LEVEL_BASE_TOKENS = 1 << 16  # size class 0: shards below 64k tokens
 REFRESH_INTERVAL_S = 0.1  # readers check the manifest (one stat) at most this often
 MASKED_LISTED = 200  # files listed by name in stats()["masked"] (the most masked lines first)
+# Searches are remembered per snapshot of the shards: a drafter asks for the same short suffix again and again
+# (its 2-token back-off: a code corpus holds few distinct bigrams after the same tokens), and a remembered
+# answer costs a dict lookup instead of two binary searches, a sample and its continuations.
+SEARCH_CACHE_SIZE = 4096
 
 
 def _level(tokens: int) -> int:
@@ -56,6 +60,9 @@ class Datastore:
         self._attached: list[Datastore] = []
         self._auto_refresh = auto_refresh and path is not None
         self._next_refresh = 0.0
+        self._cache_lock = threading.Lock()
+        self._cache: dict[tuple, SearchResult] = {}
+        self._cache_for: tuple = ()  # the snapshot the cached results were found in
         self._install(manifest, shards)
         self._sig = manifest_signature(self.path) if self.path is not None else None
 
@@ -232,6 +239,26 @@ class Datastore:
         n_min = max(1, n_min)
         if len(ctx) < n_min:
             return SearchResult(0, 0, [])
+        if SEARCH_CACHE_SIZE <= 0:
+            return self._search(shards, ctx, n_min, k, max_len, limit, first_k)
+        key = (*ctx, n_min, k, max_len, limit, first_k)  # the tokens searched: len(ctx) <= n_max
+        with self._cache_lock:
+            if self._cache_for is not shards:
+                self._cache, self._cache_for = {}, shards
+            hit = self._cache.pop(key, None)
+            if hit is not None:
+                self._cache[key] = hit  # the most recently used go last: evicted last
+                return hit
+        result = self._search(shards, ctx, n_min, k, max_len, limit, first_k)
+        with self._cache_lock:
+            if self._cache_for is shards:
+                if len(self._cache) >= SEARCH_CACHE_SIZE:
+                    del self._cache[next(iter(self._cache))]  # the least recently used
+                self._cache[key] = result
+        return result
+
+    def _search(self, shards: tuple, ctx: list[int], n_min: int, k: int, max_len: int, limit: int | None,
+                first_k: bool) -> SearchResult:
         best, hits = _longest_match(shards, np.array(ctx, dtype=np.int64), n_min)
         if best == 0:
             return SearchResult(0, 0, [])

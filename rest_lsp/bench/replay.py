@@ -22,12 +22,15 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from rest_lsp.filenames import safe_filename
 from rest_lsp.storage import atomic_file
+
+if TYPE_CHECKING:
+    from rest_lsp.engine.drafter import Drafter
 
 RECORD_KIND = "rest-lsp-replay"
 RECORD_VERSION = 1
@@ -49,11 +52,28 @@ class Record:
     stop_reason: str = "max_tokens"
     max_new_tokens: int | None = None  # the run's length limit (None: all of output_ids)
     end_token: int | None = None  # the end token that stopped greedy decoding, if one did
+    # the requester's stop rules (not saved): given the output so far, how many of its tokens a run keeps once
+    # a rule fires (the engine's StopChecker with the daemon's max_lines, stop_text, stop_fn), else None
+    stop: Callable[[list[int]], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def greedy(self) -> list[int]:
         """What plain greedy decoding returns for this prompt."""
         return self.output_ids[: self.max_new_tokens]
+
+
+def stop_rules(config, tokenizer) -> Callable[[list[int]], int | None]:
+    """`Record.stop` for a requester's GenerationConfig (its max_new_tokens, max_lines, stop_text, stop_fn),
+    checked by the engine's own StopChecker: given the output so far, the tokens a run keeps once a rule
+    fires, else None. tokenizer: anything with `decode(ids, skip_special_tokens=False)`."""
+    from rest_lsp.engine.stops import StopChecker
+
+    checker = StopChecker(config, tokenizer, set(), 0.0)
+
+    def stop(out: list[int]) -> int | None:
+        return len(checker.final_tokens) if checker.check(out, None) else None
+
+    return stop
 
 
 # ---------------------------------------------------------------------------------------- recording
@@ -188,7 +208,9 @@ def replay_one(rec: Record, drafter, budget: int | None, cost) -> list[Step]:
     Mirrors `Engine.advance` (drafter: a rest_lsp.engine.Drafter; cost: c(q) for an automatic budget): stop
     before a step once the output holds the end token or the length
     limit; a step's emitted tokens are cut at the end token and at the limit (`Step.emitted`), while its
-    accepted count and what the sources and the calibration see are the step's full outcome."""
+    accepted count and what the sources and the calibration see are the step's full outcome. `rec.stop`
+    is checked where the engine checks its stop rules (after the first token and after every step); the
+    tokens it cuts come off the last steps' counts, as the engine trims them."""
     out = list(rec.output_ids) + ([rec.end_token] if rec.end_token is not None else [])
     limit = rec.max_new_tokens if rec.max_new_tokens is not None else len(rec.output_ids)
     if not out or limit <= 0:
@@ -198,7 +220,8 @@ def replay_one(rec: Record, drafter, budget: int | None, cost) -> list[Step]:
     context = list(rec.prompt_ids) + [out[0]]
     i = 0  # out[i] is the pending root: i + 1 tokens are out
     steps: list[Step] = []
-    while i + 1 < limit and i + 1 < len(out) and out[i] != rec.end_token:
+    keep = rec.stop(out[:1]) if rec.stop is not None else None
+    while keep is None and i + 1 < limit and i + 1 < len(out) and out[i] != rec.end_token:
         t0 = time.perf_counter()
         tree = drafter.draft(context, budget, cost)
         ms = (time.perf_counter() - t0) * 1000
@@ -221,16 +244,26 @@ def replay_one(rec: Record, drafter, budget: int | None, cost) -> list[Step]:
         drafter.observe(new)
         context += new
         i += len(new)
+        keep = rec.stop(out[: i + 1]) if rec.stop is not None else None
+    if keep is not None:
+        excess = 1 + sum(x.emitted for x in steps) - max(1, keep)  # the first token is the prefill's
+        for x in reversed(steps):
+            take = min(excess, x.emitted)
+            x.emitted -= take
+            excess -= take
     drafter.finish()
     return steps
 
 
 def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *, corpus=None,
              repository=None, history: Sequence[int] | None = None, max_draft_nodes: int = 64,
-             draft_len: int = 10, acceptance_lr: float | None = None) -> dict:
+             draft_len: int = 10, acceptance_lr: float | None = None,
+             prepare: Callable[[Record, Drafter], None] | None = None) -> dict:
     """M, tree sizes, projected speedup, histogram and sources for one policy at one budget. The records
     run in order through one drafter, as prompts through one long-running engine; `history`: tokens of
-    earlier output the history source starts with (`rest_lsp.engine.history.load_history`)."""
+    earlier output the history source starts with (`rest_lsp.engine.history.load_history`); `prepare`:
+    called before each record with the drafter, to set what a daemon would hold for that prompt (the
+    document as an open buffer, the workspace it belongs to)."""
     from rest_lsp.engine.acceptance import DEFAULT_LR
     from rest_lsp.engine.drafter import Drafter
     from rest_lsp.engine.policy import make_sources, shares
@@ -246,6 +279,8 @@ def evaluate(records: Sequence[Record], policy: str, budget: int | None, cost, *
     steps: list[Step] = []
     per_prompt = []
     for rec in records:
+        if prepare is not None:
+            prepare(rec, drafter)
         s = replay_one(rec, drafter, budget, cost)
         steps += s
         per_prompt.append({"id": rec.id, "steps": len(s), "tokens": sum(x.emitted for x in s),

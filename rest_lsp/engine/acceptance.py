@@ -27,15 +27,15 @@ _MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd
 
 def features(trie: TokenTrie) -> np.ndarray:
     """[N, 3 * sources + 6] per node (row 0, the root, is unused)."""
-    parents = np.asarray(trie.parents)
+    parents = trie.parents.copy()
     parents[0] = 0
-    smass = np.asarray(trie.smass, dtype=np.float64).reshape(len(trie), len(trie.names))  # [N, S]
+    smass = trie.smass  # [N, S]
     above = smass[parents]
     frac = np.divide(smass, above, out=np.zeros_like(smass), where=above > 0)  # [N, S]
     strength = np.asarray(trie.strengths, dtype=np.float64)[None, :]
     present = frac > 0
-    depths = np.asarray(trie.depths)
-    mass = np.asarray(trie.mass, dtype=np.float64)
+    depths = trie.depths
+    mass = trie.mass
     # the trie's conditional estimate; under the root it is the absolute mass (unclaimed shares stay doubt)
     cond = np.clip(mass / np.where(parents == 0, 1.0, np.maximum(mass[parents], 1e-12)), _EPS, 1 - _EPS)
     cols = [frac, frac * strength, present.astype(np.float64),
@@ -75,11 +75,12 @@ class AcceptanceModel:
             self.weights = np.zeros(x.shape[1])
             self.weights[-1] = 1.0  # start as the trie's own estimate
         cond = _sigmoid(x @ self.weights)
-        parents, depths = np.asarray(trie.parents), np.asarray(trie.depths)
+        parents, depths = trie.parents, trie.depths
         est = np.ones(len(trie))
-        for d in range(1, int(depths.max()) + 1 if len(trie) > 1 else 1):  # parents come before children
-            idx = np.flatnonzero(depths == d)
-            est[idx] = est[parents[idx]] * cond[idx]
+        at = np.searchsorted(depths, np.arange(int(depths[-1]) + 2))  # ids go depth by depth
+        for d in range(1, int(depths[-1]) + 1):
+            lo, hi = at[d], at[d + 1]
+            est[lo:hi] = est[parents[lo:hi]] * cond[lo:hi]
         if self.lr > 0 and self._output:
             self._pending.append((len(self._output) - 1, trie, x))
         return est
@@ -101,16 +102,16 @@ class AcceptanceModel:
     def _learn(self, pos: int, trie: TokenTrie, x: np.ndarray) -> None:
         rows, labels, node = [], [], 0
         for tok in self._output[pos + 1:]:
-            kids = trie.children[node]
+            kids = trie.kids(node)
             if not kids:
                 break
-            rows += kids.values()
-            labels += [float(t == tok) for t in kids]
-            if tok not in kids:
+            rows += kids
+            labels += (trie.tokens[kids.start:kids.stop] == tok).tolist()
+            node = trie.child(node, tok)
+            if node < 0:
                 break
-            node = kids[tok]
         if rows and self.weights is not None and x.shape[1] == len(self.weights):
-            xr, y = x[rows], np.asarray(labels)
+            xr, y = x[rows], np.asarray(labels, dtype=np.float64)
             p = _sigmoid(xr @ self.weights)
             new = self.weights - self.lr * (xr.T @ (p - y) + self.l2 * self.weights)
             if np.all(np.isfinite(new)):  # a long-running daemon must never rank by NaN

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .acceptance import DEFAULT_LR, AcceptanceModel
@@ -55,7 +56,7 @@ class Drafter:
             if cost is None:
                 raise ValueError("an automatic draft budget needs the verification cost c(q)")
             scale = self.calibration.scale()
-            order = order[: best_size([min(1.0, est[n] * scale) for n in order], cost)]
+            order = order[: best_size(np.minimum(1.0, est[order] * scale).tolist(), cost)]
         return flatten(trie, order, est)
 
     def trie(self, context: Sequence[int]) -> TokenTrie:
@@ -75,7 +76,7 @@ class Drafter:
         trie, node, n = self.last_trie, 0, 0
         if trie is None:
             return 0
-        while n < len(truth) and (node := trie.children[node].get(truth[n], -1)) >= 0:
+        while n < len(truth) and (node := trie.child(node, truth[n])) >= 0:
             n += 1
         return n
 

@@ -57,17 +57,17 @@ def suffix_matches(
     if len(ends) == 0:
         return []
     lengths = np.ones(len(ends), dtype=np.int64)
-    alive = np.ones(len(ends), dtype=bool)
+    alive = np.arange(len(ends))  # candidates still matching: fewer and fewer, so each round costs less
     for k in range(1, min(n_max, len(query))):
-        pos = ends - k
-        ok = alive & (pos >= 0)
+        pos = ends[alive] - k
+        ok = pos >= 0
         ok[ok] = text[pos[ok]] == query[-1 - k]
-        lengths += ok
-        alive = ok
-        if not alive.any():
+        alive = alive[ok]
+        if not len(alive):
             break
+        lengths[alive] += 1
     order = np.lexsort((-ends, -lengths))[:limit]  # longest first, then latest
-    return [(int(lengths[i]), int(ends[i])) for i in order]
+    return list(zip(lengths[order].tolist(), ends[order].tolist()))
 
 
 def weight_for_match(n: int) -> float:

@@ -6,10 +6,10 @@ accepted, and so on down the tree. The accepted path plus the model's next token
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .trie import TokenTrie
@@ -54,38 +54,43 @@ class DraftTree:
         )
 
 
-def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | None = None) -> list[int]:
+def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | np.ndarray | None = None) -> list[int]:
     """Up to max_nodes trie nodes, best first by estimated acceptance (`score`, default the node's mass).
 
-    The score never grows down a path, so best-first expansion from the root keeps every prefix of the
-    ranking a connected tree (each node comes after its parent).
+    A score never grows down a path (it is clamped to the parent's, against rounding), so the best nodes
+    overall, ties to the lower id (parents have lower ids), are what best-first expansion from the root
+    picks, and every prefix of the ranking is a connected tree (each node comes after its parent).
     """
-    order: list[int] = []
-    mass = trie.mass if score is None else score
-    heap = [(-mass[c], c) for c in trie.children[0].values()]
-    heapq.heapify(heap)
-    while heap and len(order) < max_nodes:
-        _, n = heapq.heappop(heap)
-        order.append(n)
-        for c in trie.children[n].values():
-            heapq.heappush(heap, (-mass[c], c))
-    return order
+    n = len(trie)
+    if n <= 1 or max_nodes <= 0:
+        return []
+    s = np.array(trie.mass if score is None else score, dtype=np.float64)
+    parents, depths = trie.parents, trie.depths
+    for d in range(2, int(depths[-1]) + 1):  # ids go depth by depth: depth d is one run of ids
+        lo, hi = np.searchsorted(depths, d), np.searchsorted(depths, d, side="right")
+        np.minimum(s[lo:hi], s[parents[lo:hi]], out=s[lo:hi])
+    order = np.lexsort((np.arange(1, n), -s[1:]))[:max_nodes] + 1
+    return order.tolist()
 
 
-def flatten(trie: TokenTrie, order: list[int], probs: Sequence[float] | None = None) -> DraftTree:
+def flatten(trie: TokenTrie, order: Sequence[int], probs: Sequence[float] | np.ndarray | None = None) -> DraftTree:
     """The root plus the chosen nodes (parents before children) as a DraftTree; probs: each node's
     estimated acceptance (default its mass)."""
     probs = trie.mass if probs is None else probs
-    index = {0: 0}
-    tree = DraftTree.single(trie.tokens[0])
-    for n in order:
-        index[n] = len(tree.tokens)
-        tree.tokens.append(trie.tokens[n])
-        tree.parents.append(index[trie.parents[n]])
-        tree.depths.append(trie.depths[n])
-        tree.probs.append(min(1.0, float(probs[n])))
-        tree.sources.append(trie.source[n])
-    return tree
+    idx = np.asarray(order, dtype=np.int64)
+    pos = np.zeros(len(trie), dtype=np.int64)  # a chosen node's index in the tree (the root's is 0)
+    pos[idx] = np.arange(1, len(idx) + 1)
+    parents = trie.parents[idx]
+    if np.any((pos[parents] == 0) & (parents != 0)):  # a node's depth and position id come from its path
+        raise ValueError("flatten: a chosen node's parent is not chosen before it")
+    names = trie.names
+    return DraftTree(
+        [int(trie.tokens[0])] + trie.tokens[idx].tolist(),
+        [-1] + pos[parents].tolist(),
+        [0] + trie.depths[idx].tolist(),
+        [1.0] + np.minimum(1.0, np.asarray(probs, dtype=np.float64)[idx]).tolist(),
+        [""] + [names[i] for i in trie.source_index[idx].tolist()],
+    )
 
 
 def accept_greedy(tree: DraftTree, next_tokens: list[int]) -> tuple[list[int], int]:

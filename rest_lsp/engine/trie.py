@@ -5,62 +5,147 @@ grows with the source's suffix-match length), so a source that returns thousands
 cannot drown one that returns a single long context match. A node's mass is then the estimated chance
 that the model's greedy continuation passes through it: the product of the conditional fractions along
 its path times the mass at the root.
+
+The trie is built with array operations, not per token: the continuations of all sources (a few hundred,
+up to 10 tokens each) go into one padded matrix, sorted lexicographically; a node is a distinct prefix, so
+it starts where a row first differs from the row above. Nodes are numbered depth by depth, in row order,
+which puts every parent before its children and the children of a node in one run of ids, tokens ascending.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import chain
 from typing import Iterable, Sequence
+
+import numpy as np
+
+_PAD = -1
 
 
 class TokenTrie:
-    """Continuations after a fixed root token; node 0 is the root. Nodes live in parallel lists (a few
-    thousand are added per step, so no per-node objects)."""
+    """Continuations after a fixed root token; node 0 is the root (depth 0: the token already decided).
+
+    Per node (arrays of N): `tokens`, `parents` (-1 for the root), `depths`, `mass` (the estimate), `smass`
+    ([N, sources]: each source's part of the mass), `source_index` (the source of the heaviest continuation
+    through the node; -1 for the root), `first_child` / `n_children` (the children are ids first_child ..
+    first_child + n_children - 1, tokens ascending)."""
 
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
         self.names = list(names)  # the sources, in the order of `smass`'s columns
         self.strengths = list(strengths) or [1.0] * len(self.names)
-        # the mass from each source, flat: node n's share from source s at n * len(names) + s
-        self.smass: list[float] = [0.0] * len(self.names)
-        self.tokens: list[int] = [root_token]
-        self.parents: list[int] = [-1]
-        self.depths: list[int] = [0]  # the root (the token already decided) is depth 0
-        self.mass: list[float] = [0.0]
-        self.children: list[dict[int, int]] = [{}]  # token -> node index
-        self.source: list[str] = [""]  # the source of the heaviest continuation through the node
-        self._best: list[float] = [0.0]
+        self._set(np.array([root_token], dtype=np.int64), np.array([-1], dtype=np.int64),
+                  np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros((1, len(self.names))),
+                  np.array([-1], dtype=np.int64))
 
-    def add(self, tokens: Sequence[int], weight: float, source: str = "") -> None:
-        """Add one continuation: every node along its path gains `weight`."""
-        # locals: this loop runs for every token of every continuation, about a thousand per step
-        n_src = len(self.names)
-        si = self.names.index(source) if source in self.names else -1
-        children, mass, smass, best = self.children, self.mass, self.smass, self._best
-        zeros = [0.0] * n_src
-        node = 0
-        mass[0] += weight
-        if si >= 0:
-            smass[si] += weight
-        for tok in tokens:
-            child = children[node].get(tok)
-            if child is None:
-                child = len(mass)
-                children[node][tok] = child
-                self.tokens.append(tok)
-                self.parents.append(node)
-                self.depths.append(self.depths[node] + 1)
-                mass.append(0.0)
-                children.append({})
-                self.source.append(source)
-                smass.extend(zeros)
-                best.append(weight)
-            elif weight > best[child]:
-                best[child], self.source[child] = weight, source
-            node = child
-            mass[node] += weight
-            if si >= 0:
-                smass[node * n_src + si] += weight
+    def _set(self, tokens, parents, depths, mass, smass, source_index) -> None:
+        self.tokens, self.parents, self.depths = tokens, parents, depths
+        self.mass, self.smass, self.source_index = mass, smass, source_index
+        # parents are non-decreasing in id order (depth by depth, rows in order): children are one run of ids
+        ids = np.arange(len(tokens))
+        self.first_child = np.searchsorted(parents[1:], ids, side="left") + 1
+        self.n_children = np.searchsorted(parents[1:], ids, side="right") + 1 - self.first_child
+        self._token_list: list[int] | None = None
+        self._children: list[dict[int, int]] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def child(self, node: int, token: int) -> int:
+        """The child of `node` holding `token`, or -1."""
+        if self._token_list is None:
+            self._token_list = self.tokens.tolist()
+        lo = int(self.first_child[node])
+        hi = lo + int(self.n_children[node])
+        i = bisect_left(self._token_list, token, lo, hi)
+        return i if i < hi and self._token_list[i] == token else -1
+
+    def kids(self, node: int) -> range:
+        """The ids of the children of `node`."""
+        lo = int(self.first_child[node])
+        return range(lo, lo + int(self.n_children[node]))
+
+    @property
+    def children(self) -> list[dict[int, int]]:
+        """Per node, token -> child id (built on first use; the drafting path uses `child` and `kids`)."""
+        if self._children is None:
+            toks = self.tokens.tolist()
+            self._children = [{toks[c]: c for c in self.kids(n)} for n in range(len(self))]
+        return self._children
+
+    @property
+    def source(self) -> list[str]:
+        """Per node, the name of the source of the heaviest continuation through it ("" for the root)."""
+        return [self.names[i] if i >= 0 else "" for i in self.source_index.tolist()]
+
+    @classmethod
+    def build(cls, root_token: int, names: Sequence[str], strengths: Sequence[float], rows: np.ndarray,
+              weights: np.ndarray, sources: np.ndarray) -> "TokenTrie":
+        """The trie of continuations `rows` ([C, L] ids, padded with -1 after each row's end, every row at
+        least one token long), each adding `weights[c]` to every node on its path, from source `sources[c]`
+        (an index into `names`). Rows that share a prefix share its nodes."""
+        trie = cls(root_token, names, strengths)
+        n_rows = len(rows)
+        if n_rows == 0:
+            return trie
+        n_src = len(trie.names)
+        weights = np.asarray(weights, dtype=np.float64)
+        sources = np.asarray(sources, dtype=np.int64)
+        order = np.lexsort(rows.T[::-1])  # lexicographic; stable, so equal rows keep their order
+        rows, weights, sources = rows[order], weights[order], sources[order]
+        width = rows.shape[1]
+        valid = rows != _PAD  # [C, L]: padding only follows a row's end
+        # first column where each row differs from the one above (the first row differs everywhere)
+        differs = np.zeros(n_rows, dtype=np.int64)
+        if n_rows > 1:
+            neq = rows[1:] != rows[:-1]
+            differs[1:] = np.where(neq.any(axis=1), neq.argmax(axis=1), width)
+        new = valid & (np.arange(width)[None, :] >= differs[:, None])  # [C, L] a node starts at this cell
+        # ids depth by depth, then row by row: the transposed cells in order
+        new_t = new.T
+        n_new = int(new_t.sum())
+        ids_t = np.where(new_t, np.cumsum(new_t.ravel()).reshape(new_t.shape), 0)
+        node_t = np.maximum.accumulate(ids_t, axis=1)  # [L, C]: a cell's node (rows under a node share it)
+        d_idx, r_idx = np.nonzero(new_t)
+        parents = np.empty(n_new + 1, dtype=np.int64)
+        parents[0] = -1
+        parents[1:] = np.where(d_idx == 0, 0, node_t[np.maximum(d_idx - 1, 0), r_idx])
+        tokens = np.empty(n_new + 1, dtype=np.int64)
+        tokens[0] = root_token
+        tokens[1:] = rows.T[new_t]
+        depths = np.concatenate(([0], d_idx + 1))
+        # the mass of a node: the weights of the rows through it (the root: all of them)
+        cell_node = node_t.T[valid]  # [cells] row-major: row by row, depth by depth
+        cell_row = np.nonzero(valid)[0]
+        cell_w = weights[cell_row]
+        mass = np.bincount(cell_node, weights=cell_w, minlength=n_new + 1)
+        mass[0] = weights.sum()
+        smass = np.zeros((n_new + 1, n_src))
+        if n_src:
+            smass = np.bincount(cell_node * n_src + sources[cell_row], weights=cell_w,
+                                minlength=(n_new + 1) * n_src).reshape(n_new + 1, n_src)
+            smass[0] = np.bincount(sources, weights=weights, minlength=n_src)
+        # each node's source: its heaviest row's; among equal weights the row given first (`order`)
+        pick = np.lexsort((order[cell_row], -cell_w, cell_node))
+        first = np.ones(len(pick), dtype=bool)
+        first[1:] = cell_node[pick][1:] != cell_node[pick][:-1]
+        source_index = np.full(n_new + 1, -1, dtype=np.int64)
+        source_index[cell_node[pick][first]] = sources[cell_row[pick][first]]
+        trie._set(tokens, parents, depths, mass, smass, source_index)
+        return trie
+
+
+def padded_rows(conts: Sequence[tuple[Sequence[int], float]]) -> tuple[np.ndarray, np.ndarray]:
+    """[(tokens, weight)] -> (rows [C, L] padded with -1, weights [C]), in one pass over the tokens."""
+    lengths = np.fromiter((len(t) for t, _ in conts), dtype=np.int64, count=len(conts))
+    weights = np.fromiter((w for _, w in conts), dtype=np.float64, count=len(conts))
+    total = int(lengths.sum())
+    rows = np.full((len(conts), int(lengths.max()) if len(conts) else 0), _PAD, dtype=np.int64)
+    if total:
+        flat = np.fromiter(chain.from_iterable(t for t, _ in conts), dtype=np.int64, count=total)
+        row = np.repeat(np.arange(len(conts)), lengths)
+        col = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        rows[row, col] = flat
+    return rows, weights
 
 
 def match_strength(match_len: int | None) -> float:
@@ -83,13 +168,25 @@ def mix(
     its share unclaimed, which keeps the root mass (and every estimate below it) honest.
     """
     proposals = list(proposals)
-    trie = TokenTrie(root_token, [p[0] for p in proposals], [p[2] for p in proposals])
-    for name, share, strength, conts in proposals:
-        conts = [(t, float(w)) for t, w in conts if len(t) > 0 and w > 0]
-        total = sum(w for _, w in conts)
-        if total <= 0 or share <= 0 or strength <= 0:
+    names, strengths = [p[0] for p in proposals], [p[2] for p in proposals]
+    parts_rows, parts_w, parts_s = [], [], []
+    for s, (_, share, strength, conts) in enumerate(proposals):
+        if share <= 0 or strength <= 0 or not conts:
             continue
-        scale = share * strength / total
-        for tokens, w in conts:
-            trie.add(tokens, w * scale, name)
-    return trie
+        rows, w = padded_rows(conts)
+        keep = (w > 0) & (rows[:, 0] != _PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
+        total = w[keep].sum()
+        if total <= 0:
+            continue
+        parts_rows.append(rows[keep])
+        parts_w.append(w[keep] * (share * strength / total))
+        parts_s.append(np.full(int(keep.sum()), s, dtype=np.int64))
+    if not parts_rows:
+        return TokenTrie(root_token, names, strengths)
+    width = max(r.shape[1] for r in parts_rows)
+    rows = np.full((sum(len(r) for r in parts_rows), width), _PAD, dtype=np.int64)
+    at = 0
+    for r in parts_rows:
+        rows[at:at + len(r), : r.shape[1]] = r
+        at += len(r)
+    return TokenTrie.build(root_token, names, strengths, rows, np.concatenate(parts_w), np.concatenate(parts_s))

@@ -69,6 +69,36 @@ def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, b
         assert any(max(r) > 1 for r in real), "the check should cover steps that accept drafts"
 
 
+@pytest.mark.parametrize("budget", [4, None])
+def test_replay_with_stop_rules_equals_a_real_engine_run(tiny_lm, records, budget):
+    """A requester's stop rules (the daemon's max_lines, stop_text, stop_fn) in the replay: checked where the
+    engine checks them, so the steps, the tokens each keeps and the output are a real run's."""
+    import dataclasses
+
+    from rest_lsp.bench.replay import stop_rules
+    from rest_lsp.engine import Engine, GenerationConfig
+
+    policy = "context=0.6,history=0.4"
+    drafter = Drafter(make_sources(policy))
+    engine = Engine(tiny_lm, make_sources(policy), cost=COST, eos_token_ids=tiny_lm.stop_ids)
+    cut = []
+    for rec, frac in [(rec, frac) for frac in (0.5, 0.3, 0.7, 0.85) for rec in records]:
+        text = tiny_lm.tokenizer.decode(rec.greedy, skip_special_tokens=False)
+        at = int(len(text) * frac)  # a rule that fires inside the output, at times inside a step
+        config = GenerationConfig(max_new_tokens=rec.max_new_tokens, draft_budget=budget,
+                                  stop_fn=lambda t, at=at: at if len(t) >= at else None)
+        res = engine.generate(rec.prompt_ids, config)
+        steps = replay_one(dataclasses.replace(rec, stop=stop_rules(config, tiny_lm.tokenizer)), drafter,
+                           budget, COST)
+        assert res.stop_reason == "stop_fn" and len(res.tokens) < len(rec.greedy)
+        assert res.tokens == rec.greedy[: len(res.tokens)]
+        assert [s.emitted for s in steps] == res.accepted[1:]
+        assert [s.q - 1 for s in steps] == res.draft_sizes
+        cut.append(sum(s.accepted for s in steps) + len(steps) + 1 > len(res.tokens))  # a step's tokens cut
+    assert engine.drafter.calibration == drafter.calibration
+    assert any(cut), "the check should cover a step whose tokens the rule cut"
+
+
 def test_evaluate_reports(records, corpus_dir, tiny_lm):
     from indexer.store import Datastore
 

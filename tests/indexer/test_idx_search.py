@@ -162,3 +162,47 @@ def test_live_shards_replace_and_drop():
     ds.drop_live("gen")
     ds.drop_live("never-there")
     assert ds.search([1, 2]).match_len == 0
+
+
+def test_search_cache_answers_repeats_and_forgets_on_every_change(monkeypatch):
+    """Datastore.search remembers answers per snapshot of its shards: a repeat is not searched again, other
+    parameters are other entries, and any change of the shards (a live buffer set or dropped) forgets them."""
+    ds = _store(400)
+    ds.set_live("buf", [1, 2, 3, 4, 1, 2, 5])
+    calls = []
+    real = Datastore._search
+    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a) or real(self, *a))
+    first = ds.search([9, 1, 2], max_len=2)
+    assert ds.search([9, 1, 2], max_len=2) == first and len(calls) == 1
+    assert ds.search([8, 9, 1, 2], n_max=3, max_len=2) == first and len(calls) == 1  # the same tokens searched
+    assert ds.search([9, 1, 2], max_len=1) != first and len(calls) == 2
+    ds.search([9, 1, 2], max_len=2, limit=1)
+    ds.search([9, 1, 2], max_len=2, first_k=True)
+    ds.search([9, 1, 2], max_len=2, k=1)
+    assert len(calls) == 5
+    ds.set_live("buf", [1, 2, 7])
+    assert [c.tokens for c in ds.search([9, 1, 2], max_len=2).continuations] == [(7,)] and len(calls) == 6
+    ds.drop_live("buf")
+    assert ds.search([9, 1, 2], max_len=2).match_len == 0
+
+
+def test_search_cache_evicts_the_least_recently_used(monkeypatch):
+    import indexer.store as store
+
+    monkeypatch.setattr(store, "SEARCH_CACHE_SIZE", 2)
+    ds = _store(400)
+    ds.set_live("buf", [1, 2, 3, 4, 5, 6])
+    calls = []
+    real = Datastore._search
+    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a[1]) or real(self, *a))
+    ds.search([1, 2])
+    ds.search([2, 3])
+    ds.search([1, 2])  # used again: [2, 3] is now the oldest
+    ds.search([3, 4])  # evicts [2, 3]
+    ds.search([1, 2])
+    ds.search([2, 3])
+    assert calls == [[1, 2], [2, 3], [3, 4], [2, 3]]
+    monkeypatch.setattr(store, "SEARCH_CACHE_SIZE", 0)  # no cache at all
+    ds.search([1, 2])
+    ds.search([1, 2])
+    assert calls[-2:] == [[1, 2], [1, 2]]
