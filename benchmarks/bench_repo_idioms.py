@@ -249,7 +249,7 @@ def run(args, log) -> dict:
     from indexer.store import Datastore
     from indexer.tokenizer import load_tokenizer
 
-    from rest_lsp.bench.cli import _recorded_tokenizer
+    from rest_lsp.bench.cli import recorded_tokenizer
     from rest_lsp.bench.replay import cost_model, evaluate, stop_rules
 
     policies = {"rest": "rest"}
@@ -273,7 +273,7 @@ def run(args, log) -> dict:
             root = fetch_project(project)
             bodies = held_out(root, args.functions, args.per_file, args.seed)
             header, records, reqs = records_for(project, bodies, args, log)
-            tok = _recorded_tokenizer(header)
+            tok = recorded_tokenizer(header)
             decoder = load_tokenizer(tok)
             for rec, req in zip(records, reqs):
                 rec.stop = stop_rules(req.gen, decoder)

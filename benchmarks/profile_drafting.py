@@ -45,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from indexer.store import Datastore
     import rest_lsp.engine.drafter as drafter_mod
-    from rest_lsp.bench.cli import _recorded_tokenizer
+    from rest_lsp.bench.cli import recorded_tokenizer
     from rest_lsp.bench.replay import cost_model, read_records, replay_one
     from rest_lsp.engine.drafter import Drafter
     from rest_lsp.engine.policy import make_sources
 
     header, records = read_records(Path(args.record))
-    tok = _recorded_tokenizer(header)
+    tok = recorded_tokenizer(header)
     corpus = Datastore.open(Path(args.datastore), tokenizer=tok, verify=False) if args.datastore else None
     tmp = tempfile.TemporaryDirectory(prefix="rest-profile.")
     repo = Datastore.build([Path(args.repo)], Path(tmp.name) / "repo", tokenizer=tok) if args.repo else None

@@ -49,7 +49,7 @@ def _load(args):
     return lm
 
 
-def _recorded_tokenizer(header: dict) -> str:
+def recorded_tokenizer(header: dict) -> str:
     """The tokenizer a replay record was made with (records before it was kept: the embedded model's)."""
     from rest_lsp.model.host import EMBEDDED_NAME
 
@@ -270,7 +270,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rest-lsp-replay.") as tmp:
         try:
             if args.datastore or args.repo:
-                tok = lm.indexer_tokenizer if lm is not None else _recorded_tokenizer(header)
+                tok = lm.indexer_tokenizer if lm is not None else recorded_tokenizer(header)
                 corpus, repo = _datastores(args, tok, Path(tmp))
             else:
                 corpus = repo = None
