@@ -3,7 +3,7 @@ with a strong house style, drafted with and without the repository source, in on
 
     .venv/bin/python benchmarks/bench_repo_idioms.py --datastore corpus \
         [--projects boltons==26.2.0,toolz==1.0.0] [--functions 30] [--per-file 6] [--max-new-tokens 64] \
-        [--budgets 4,8,16,64] [--cost FILE|flat|notes-cpu] [--policy NAME=SPEC ...] [--document context|both]
+        [--budgets 4,8,16,64] [--cost FILE|flat|cpu] [--policy NAME=SPEC ...] [--document context|both]
         [--json OUT]
 
 For each project (downloaded once into the user cache, benchmarks/realcode.py; neither is installed here, so
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=64, help="per body (the daemon's maxTokens default)")
     p.add_argument("--budgets", default="4,8,16,64", help="draft nodes per step; auto: chosen from --cost")
-    p.add_argument("--cost", default="notes-cpu", help="c(q) for auto budgets (as rest-lsp replay --cost)")
+    p.add_argument("--cost", default="cpu", help="c(q) for auto budgets (as rest-lsp replay --cost)")
     p.add_argument("--policy", action="append", default=None,
                    help="an extra policy NAME=SPEC (a preset or source=share,...), repeatable")
     p.add_argument("--document", action="append", default=None, choices=("context", "both"),

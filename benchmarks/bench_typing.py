@@ -93,7 +93,10 @@ def prepare(root: Path, n_files: int, limit: int, seed: int, work: Path) -> tupl
     for path in chosen:
         text = path.read_text(encoding="utf-8")
         bodies = function_bodies(text, 3, 10)
-        pick = sorted(rng.sample(bodies, min(per_file, len(bodies))))
+        pick = []
+        for b in sorted(rng.sample(bodies, min(per_file, len(bodies)))):
+            if not pick or b[0] > pick[-1][1]:  # a nested function's body lies inside its outer one's
+                pick.append(b)
         lines = text.split("\n")
         todo = []
         for first, last, indent in reversed(pick):  # bottom-up, so earlier line numbers stay valid
@@ -103,10 +106,9 @@ def prepare(root: Path, n_files: int, limit: int, seed: int, work: Path) -> tupl
         opened = "\n".join(lines)
         target = ws / path.relative_to(root)
         target.write_text(opened, encoding="utf-8")
-        bodies_out, shift = [], 0
-        for first, indent, body_text in reversed(todo):  # top-down; earlier bodies typed push later ones down
-            bodies_out.append(Body(target, first + shift, indent, body_text))
-            shift += body_text.count("\n")
+        # top-down: once the bodies above are typed, the text above a body is the original file's again, so
+        # its line is its line in the original (the removed bodies collapsed to one line each until then)
+        bodies_out = [Body(target, first, indent, body_text) for first, indent, body_text in reversed(todo)]
         out.append((target, opened, bodies_out))
     return ws, out
 

@@ -204,7 +204,7 @@ def replay_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", default="4,8,16,64,auto", help="draft nodes per step, comma-separated; auto = "
                    "chosen per step from c(q) as the engine does")
     p.add_argument("--cost", default=None,
-                   help="c(q) table: notes-cpu, flat, record, or a JSON file (a bench report's cost_ms works)")
+                   help="c(q) table: cpu, flat, record, or a JSON file (a bench report's cost_ms works)")
     p.add_argument("--draft-len", type=int, default=10)
     p.add_argument("--acceptance-lr", type=float, default=None,
                    help="how fast the node ranking learns online (default: the engine's; 0: rank by trie mass)")

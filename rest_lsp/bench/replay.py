@@ -34,9 +34,11 @@ if TYPE_CHECKING:
 
 RECORD_KIND = "rest-lsp-replay"
 RECORD_VERSION = 1
-# c(q) in ms measured on the 2-core development CPU, Qwen2.5-Coder-0.5B eager fp32, 300-token cache
-# (measured once, idle); the default cost table when a record carries no measured one.
-DEFAULT_CPU_COST = {"qs": [1, 4, 8, 16, 32, 64], "ms": [293.0, 745.0, 824.0, 1187.0, 1397.0, 2070.0]}
+# c(q) in ms on the 2-core development CPU, Qwen2.5-Coder-0.5B fp32 through the `screened` verifier (the fast
+# CPU path), 300-token cache, median of 5, idle (benchmarks/cost_curve.py; the README's c(q) table): the
+# default cost table when a record carries no measured one.
+DEFAULT_CPU_COST = {"qs": [1, 2, 4, 5, 8, 12, 16, 24, 32, 48, 64],
+                    "ms": [101.0, 104.0, 101.0, 84.0, 115.0, 119.0, 143.0, 208.0, 264.0, 351.0, 478.0]}
 
 
 @dataclass
@@ -169,13 +171,13 @@ def record_key(model_name: str, precision: str, prompts_spec: str, limit, max_ne
 
 # ---------------------------------------------------------------------------------------- cost tables
 def cost_model(spec: str | None, header: dict | None = None):
-    """'notes-cpu' (the table measured on the development CPU), 'flat' (a GPU-like curve), 'record' (the
+    """'cpu' (the table measured on the development CPU), 'flat' (a GPU-like curve), 'record' (the
     c(q) measured while recording), or a JSON file {"qs": [...], "ms": [...]} (e.g. a bench report's cost_ms)."""
     from rest_lsp.engine.cost import CostModel
 
     if spec in (None, "auto"):
-        spec = "record" if header and header.get("cost_ms") else "notes-cpu"
-    if spec == "notes-cpu":
+        spec = "record" if header and header.get("cost_ms") else "cpu"
+    if spec == "cpu":
         d = DEFAULT_CPU_COST
     elif spec == "flat":
         return CostModel.flat()

@@ -1,0 +1,51 @@
+"""benchmarks/bench_typing.py without a server or a download: the bodies it types sit where they were removed,
+and typing them all in order gives back the original files."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_typing as T  # noqa: E402
+
+
+def module(tag: str) -> str:
+    out = []
+    for i in range(5):
+        out.append(f"def {tag}_{i}(a, b):\n    \"\"\"Doc {i}.\"\"\"\n" +
+                   "".join(f"    x{j} = a + {j} * b\n" for j in range(3 + i % 3)) + "    return x0\n\n")
+    out.append("def outer(v):\n    def inner(w):\n        y = w + 1\n        z = y * 2\n        return z\n"
+               "    return inner(v)\n")
+    return "\n".join(out)
+
+
+def type_all(opened: str, bodies: list) -> str:
+    lines = opened.split("\n")
+    for b in bodies:  # the order bench_typing types them in
+        assert lines[b.line] == " " * b.indent, (b.line, lines[b.line])
+        cur = lines[b.line]
+        lines[b.line:b.line + 1] = (cur[:b.indent] + b.text + cur[b.indent:]).split("\n")
+    return "\n".join(lines)
+
+
+def test_bodies_are_typed_where_they_were_removed(tmp_path):
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    for tag in ("alpha", "beta"):
+        (root / "pkg" / f"{tag}.py").write_text(module(tag))
+    work = tmp_path / "work"
+    work.mkdir()
+    ws, files = T.prepare(root, n_files=2, limit=12, seed=3, work=work)
+    assert len(files) == 2
+    assert sum(len(bodies) for _, _, bodies in files) >= 8  # several bodies per file: the case that went wrong
+    for path, opened, bodies in files:
+        assert path.read_text() == opened  # the workspace holds the file as opened
+        original = (root / path.relative_to(ws)).read_text()
+        assert opened != original
+        assert type_all(opened, bodies) == original
+
+
+def test_acceptable_cuts_at_a_word_boundary():
+    assert T.acceptable("return total", "return total\n") == "return total"
+    assert T.acceptable("return totally", "return total_sum\n") == "return "  # not half a word
+    assert T.acceptable("return tot", "return total\n") == "return tot"  # all of it matches: taken
+    assert T.acceptable("x", "y") == ""
