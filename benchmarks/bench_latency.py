@@ -24,7 +24,6 @@ cancelled/superseded work, and the latency of each suggestion that reached the s
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import random
@@ -37,28 +36,16 @@ from rest_lsp.service.config import ServerConfig
 from rest_lsp.service.core import CompletionRequest, CompletionService
 from rest_lsp.service.workspace import WorkspaceIndex
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from realcode import function_bodies  # noqa: E402
+
 
 def pct(xs, p):
     if not xs:
         return None
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1)
-
-
-def function_bodies(text: str) -> list[tuple[int, int, int]]:
-    """(first body line, last body line, indent) of functions whose body is 2-12 lines (0-based)."""
-    out = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            body = node.body
-            if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-                body = body[1:]      # keep the docstring in the prefix
-            if not body:
-                continue
-            first, last = body[0].lineno - 1, node.end_lineno - 1
-            if 2 <= last - first + 1 <= 12:
-                out.append((first, last, body[0].col_offset))
-    return sorted(out)
 
 
 def multi_line_cases(text: str, n: int, rng: random.Random) -> list[tuple[str, int, int]]:
