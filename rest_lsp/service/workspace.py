@@ -274,6 +274,11 @@ class WorkspaceIndex:
             return
         f.detail, f.indexed_s = detail, round(time.perf_counter() - t0, 2)
         self.service.repository.set(f.key, store)
+        # watching before "ready" is announced: a file saved right after a client sees "ready" is not missed
+        try:
+            f.watcher = indexing.watch(store, lambda summary: self._watched(f, summary))
+        except Exception as exc:  # noqa: BLE001
+            self.notify("warning", f"not watching {f.root}: {type(exc).__name__}: {exc}")
         f.state = "ready"
         f.rebuilds += int(rebuild)
         if self.progress:
@@ -283,10 +288,6 @@ class WorkspaceIndex:
             uris = list(self._live)
         for uri in uris:          # buffers opened before the index existed move to its live shard
             self._feed_live(uri)
-        try:
-            f.watcher = indexing.watch(store, lambda summary: self._watched(f, summary))
-        except Exception as exc:  # noqa: BLE001
-            self.notify("warning", f"not watching {f.root}: {type(exc).__name__}: {exc}")
 
     def _watched(self, f: _Folder, summary: dict) -> None:
         """A batch of changed files on disk is searchable now (called on the watcher's thread)."""
