@@ -284,10 +284,23 @@ class WorkspaceIndex:
         if self.progress:
             self.progress.end(token, f"indexed in {f.indexed_s:.1f} s")
         self.notify("info", f"workspace {f.root} indexed in {f.indexed_s:.1f} s ({detail})")
+        self._catch_up(f, store)
         with self._live_lock:
             uris = list(self._live)
         for uri in uris:          # buffers opened before the index existed move to its live shard
             self._feed_live(uri)
+
+    def _catch_up(self, f: _Folder, store) -> None:
+        """One scan after the watcher started: a file saved while the build read the folder (or after it, before
+        the watcher was on) has no event coming, and would stay stale until its next change."""
+        try:
+            summary = store.sync()
+        except Exception as exc:  # noqa: BLE001 - the store still serves what the build read
+            self.notify("warning", f"catch-up scan of {f.root} failed: {type(exc).__name__}: {exc}")
+            return
+        if summary.get("added") or summary.get("changed") or summary.get("removed"):
+            f.updates += 1
+            log.info("workspace %s caught up: %s", f.root, summary)
 
     def _watched(self, f: _Folder, summary: dict) -> None:
         """A batch of changed files on disk is searchable now (called on the watcher's thread)."""
