@@ -20,6 +20,9 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import write_json  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({rep['bytes_per_token_over_baseline']} bytes/token); target <= {rep['target_mb']} MB "
           f"(3 x tokens x width): {'met' if rep['within_target'] else 'NOT met'}; build {rep['seconds']} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(rep, indent=2))
+        write_json(args.json, rep, indent=2)
     return rep
 
 

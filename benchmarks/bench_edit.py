@@ -12,7 +12,6 @@ line (minified code), and 1 MB of ordinary code (about 25,000 lines). Tokenizer:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lsprotocol import types  # noqa: E402
 from pygls.workspace.text_document import TextDocument  # noqa: E402
@@ -28,6 +28,7 @@ from indexer.secrets import clean  # noqa: E402
 from indexer.tokenizer import encode_batch, load_tokenizer  # noqa: E402
 from rest_lsp.documents import FastTextDocument  # noqa: E402
 from rest_lsp.service.live import LiveBuffer  # noqa: E402
+from report import write_json  # noqa: E402
 
 
 def buffers() -> dict[str, str]:
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: before p50 {row['before']['p50_ms']} ms (max {row['before']['max_ms']}), "
               f"after p50 {row['after']['p50_ms']} ms (max {row['after']['max_ms']}) per edit")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_json(args.json, out, indent=2)
     return out
 
 

@@ -39,13 +39,7 @@ from rest_lsp.service.workspace import WorkspaceIndex
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realcode import function_bodies  # noqa: E402
-
-
-def pct(xs, p):
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1)
+from report import pct, write_json  # noqa: E402
 
 
 def multi_line_cases(text: str, n: int, rng: random.Random) -> list[tuple[str, int, int]]:
@@ -262,7 +256,7 @@ def main(argv=None) -> int:
     out = json.dumps(report, indent=2)
     print(out)
     if args.json:
-        Path(args.json).write_text(out)
+        write_json(args.json, report, indent=2)
     return 0
 
 

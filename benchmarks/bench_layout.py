@@ -14,7 +14,6 @@ line given correctly, mean prompt tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
+from report import write_json  # noqa: E402
 
 
 def cases(root: Path, limit: int, seed: int) -> list[dict]:
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     report = run(args)
     print(table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     return 0
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realcode import fetch_project, function_bodies, python_files  # noqa: E402
+from report import write_json  # noqa: E402
 
 PROJECTS = "boltons==26.2.0,toolz==1.0.0"
 # Both rows run the daemon's own policy (rest_lsp/engine/policy.py, preset `rest`): with the project's other
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args, log)
     print(format_table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     return 0
 
 

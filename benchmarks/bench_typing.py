@@ -43,18 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsp_client import Server  # noqa: E402
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
+from report import pct, write_json  # noqa: E402
 
 DEBOUNCE_S = 0.150
 CURSOR_REST_S = 0.250
 WORD = re.compile(r"\w")
 _ids = itertools.count()
-
-
-def pct(xs, p):
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1)
 
 
 @dataclass
@@ -423,7 +417,7 @@ def main(argv=None) -> int:
     report = asyncio.run(main_async(args))
     print(table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     return 0
 
 

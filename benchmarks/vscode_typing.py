@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "editors"
 
 from editor_harness import SERVER  # noqa: E402
 from rest_lsp.storage import cache_root  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import pct  # noqa: E402
 from vscode_harness import GHOST_JS, CodeServer, Workbench, find_tools, package_extension, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,13 +66,6 @@ RECORDER_JS = """(ghostJs) => {
     if (g !== last) { last = g; rec.ghosts.push([performance.now(), g]); }
   }).observe(document.body, { subtree: true, childList: true, characterData: true });
 }"""
-
-
-def pct(xs: list[float], p: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def keystrokes(text: str, line_pause_ms: float, seed: int) -> list[tuple[str, float]]:
