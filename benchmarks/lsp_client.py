@@ -1,5 +1,6 @@
-"""A minimal editor-like LSP client for the benchmarks: a real `rest-lsp --stdio` process, driven with pygls'
-LanguageClient (framing, JSON-RPC, cancellation), plus the server's CPU time read from /proc."""
+"""An editor-like LSP client: a real `rest-lsp --stdio` process, driven with pygls' LanguageClient (framing,
+JSON-RPC, cancellation), plus the server's CPU time read from /proc. The benchmarks drive the daemon with it,
+and the end-to-end tests (tests/server/conftest.py) extend it with recorders and timeouts."""
 from __future__ import annotations
 
 import asyncio
@@ -11,13 +12,16 @@ from lsprotocol import types
 from pygls.client import run_async
 from pygls.lsp.client import LanguageClient
 
-CAPABILITIES = types.ClientCapabilities(
-    text_document=types.TextDocumentClientCapabilities(
-        inline_completion=types.InlineCompletionClientCapabilities(),
-        synchronization=types.TextDocumentSyncClientCapabilities(did_save=True)),
-    window=types.WindowClientCapabilities(work_done_progress=False),
-    workspace=types.WorkspaceClientCapabilities(configuration=False, workspace_folders=True),
-)
+
+def capabilities(work_done_progress: bool = False) -> types.ClientCapabilities:
+    # pygls' bundled capability snapshots lack inlineCompletion: declare it ourselves
+    return types.ClientCapabilities(
+        text_document=types.TextDocumentClientCapabilities(
+            inline_completion=types.InlineCompletionClientCapabilities(),
+            synchronization=types.TextDocumentSyncClientCapabilities(did_save=True)),
+        window=types.WindowClientCapabilities(work_done_progress=work_done_progress),
+        workspace=types.WorkspaceClientCapabilities(configuration=False, workspace_folders=True),
+    )
 
 
 def plain(obj):
@@ -32,25 +36,34 @@ def plain(obj):
 
 
 class Server:
-    """`rest-lsp --stdio` in a process of its own, with a client."""
+    """`rest-lsp --stdio` in a process of its own, with a client; its log and stderr go to `log_dir`."""
+
+    name = "rest-lsp-bench"
+    work_done_progress = False
 
     def __init__(self, log_dir: Path, env: dict | None = None):
         self.log_dir = log_dir
         self.env = env or {}
-        self.client = LanguageClient("rest-lsp-bench", "0")
+        self.log_file = log_dir / "server.log"
+        self.stderr_file = log_dir / "server.stderr"
+        self.client = LanguageClient(self.name, "0")
         self.proc: asyncio.subprocess.Process | None = None
 
         @self.client.feature(types.WINDOW_LOG_MESSAGE)
         def _log(params):
-            pass
+            self.on_log(params)
 
-    async def start(self) -> None:
+    def on_log(self, params: types.LogMessageParams) -> None:
+        """A window/logMessage from the server (dropped here; the tests record them)."""
+
+    async def start(self, env: dict | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._stderr = open(self.log_dir / "server.stderr", "wb")
+        self._stderr = open(self.stderr_file, "wb")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rest_lsp.cli", "--stdio", "--log-file", str(self.log_dir / "server.log"),
+            sys.executable, "-m", "rest_lsp.cli", "--stdio", "--log-file", str(self.log_file),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._stderr,
-            env={**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", **self.env})
+            env={**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                 **self.env, **(env or {})})
         c = self.client
         c.protocol.set_writer(self.proc.stdin)
         c._async_tasks.append(asyncio.create_task(run_async(
@@ -58,15 +71,44 @@ class Server:
             error_handler=c.report_server_error)))
         c._server = self.proc
 
-    async def initialize(self, options: dict, folders: list[Path] = ()) -> None:
-        await self.client.initialize_async(types.InitializeParams(
-            capabilities=CAPABILITIES, initialization_options=options,
+    async def _wait(self, aw):
+        """An answer (the tests put a timeout here)."""
+        return await aw
+
+    async def initialize(self, options: dict, folders: list[Path] = ()) -> types.InitializeResult:
+        result = await self._wait(self.client.initialize_async(types.InitializeParams(
+            capabilities=capabilities(self.work_done_progress), initialization_options=options,
             workspace_folders=[types.WorkspaceFolder(uri=p.as_uri(), name=p.name) for p in folders] or None,
-            root_uri=folders[0].as_uri() if folders else None))
+            root_uri=folders[0].as_uri() if folders else None)))
         self.client.initialized(types.InitializedParams())
+        return result
+
+    def open(self, uri: str, text: str, language: str = "python", version: int = 1) -> None:
+        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id=language, version=version, text=text)))
+
+    def edit(self, uri: str, version: int, start: tuple[int, int], end: tuple[int, int], text: str) -> None:
+        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            [types.TextDocumentContentChangePartial(
+                range=types.Range(types.Position(*start), types.Position(*end)), text=text)]))
+
+    def inline_params(self, uri: str, line: int, character: int, invoked: bool = False,
+                      selected: types.SelectedCompletionInfo | None = None) -> types.InlineCompletionParams:
+        kind = types.InlineCompletionTriggerKind.Invoked if invoked else types.InlineCompletionTriggerKind.Automatic
+        return types.InlineCompletionParams(
+            context=types.InlineCompletionContext(trigger_kind=kind, selected_completion_info=selected),
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line, character))
+
+    async def complete(self, uri: str, line: int, character: int, **kw):
+        return await self._wait(self.client.text_document_inline_completion_async(
+            self.inline_params(uri, line, character, **kw)))
+
+    async def request(self, method: str, params=None, msg_id=None):
+        return await self._wait(self.client.protocol.send_request_async(method, params, msg_id=msg_id))
 
     async def stats(self, last: int = 0) -> dict:
-        return plain(await self.client.protocol.send_request_async("rest/stats", {"last": last}))
+        return plain(await self.request("rest/stats", {"last": last}))
 
     async def wait_ready(self, workspace: bool, timeout: float = 1800) -> dict:
         """Until the model is loaded (and the workspace indexed): the moment a person would start typing."""
@@ -86,13 +128,17 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def server_log(self) -> str:
+        out = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+        return out + (self.stderr_file.read_text(errors="replace") if self.stderr_file.exists() else "")
+
     async def close(self) -> None:
         try:
             if self.proc.returncode is None:
                 await asyncio.wait_for(self.client.shutdown_async(None), 30)
                 self.client.exit(None)
-                await asyncio.wait_for(self.proc.wait(), 15)
-        except Exception:  # noqa: BLE001 - a benchmark must not hang on a stuck server
+                await asyncio.wait_for(self.proc.wait(), 15)   # ends without its stdin being closed
+        except Exception:  # noqa: BLE001 - never hang on a stuck server
             if self.proc.returncode is None:
                 self.proc.kill()
                 await self.proc.wait()
