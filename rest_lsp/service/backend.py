@@ -155,7 +155,8 @@ class EngineBackend:
               temperature: float = 0.0, seed: int | None = None, anchor: int | None = None) -> CompletionRun:
         """purpose: "warm" computes the prompt only (in small chunks, so a completion pre-empts it soon);
         "predict" decodes greedily past the cursor's line to the end of its block (what the next pauses show);
-        "sample" is the same at a temperature (an Invoked request's alternatives)."""
+        "typing" is "predict" with the prompt in a warm-up's small chunks (started by a key, not a request);
+        "sample" is "predict" at a temperature (an Invoked request's alternatives)."""
         from rest_lsp.engine.generate import GenerationConfig
 
         self.config_seen = config
@@ -173,7 +174,8 @@ class EngineBackend:
             stop_text=ctx.stop_text() if lines > 1 else None,
             stop_fn=partial(block_end_cut, block_indent=ctx.ahead_indent()) if lines > 1 else None,
             temperature=temperature, seed=seed, forced_text=parts.lead)
-        return CompletionRun(self.engine.start(prompt, gen, key=key), parts.lead)
+        return CompletionRun(self.engine.start(prompt, gen, key=key, chunk=WARM_CHUNK if purpose == "typing" else None),
+                             parts.lead)
 
     def advance(self, run: CompletionRun) -> None:
         self.engine.advance(run.run)

@@ -34,6 +34,8 @@ class ServerConfig:
     middle_lines: int = 16              # line layout: lines typed above the cursor kept in the prompt's middle,
                                         # so a new line needs no recomputation of the suffix; 0: the cursor line
     warm_up: bool = True                # extend the KV cache at the cursor while the user types
+    predict_while_typing: bool = True   # ... and go on decoding there (low priority), so that the next pause
+                                        # is answered with what was decoded since the key; false: prompt only
     predict_ahead: bool = True          # after a shown suggestion, predict as if it were accepted
     kv_cache_mb: int = 256              # memory for the KV caches of other documents and places (0: one cache)
     languages: list[str] | None = None  # LSP languageIds served; None: all

@@ -219,7 +219,10 @@ class CompletionService:
             elif pred.live:
                 self._stop_prediction(pred, "stale")  # what it predicts is no longer what comes next
         if self.config.warm_up and not covered:
-            self._warm(uri, ctx)
+            if self.config.predict_while_typing:
+                self._predict(uri, ctx, origin="typing", priority=WARM)
+            else:
+                self._warm(uri, ctx)
 
     def cursor_rested(self, uri: str, text: str, line: int, column: int, language: str | None = None) -> None:
         self.stats.count("cursor_notifications")
@@ -263,8 +266,11 @@ class CompletionService:
         stats = self.stats
         anchor = self._anchor(uri, ctx)
 
+        # a prediction started by a key computes its prompt in a warm-up's small chunks: a request pre-empts it
+        purpose = "typing" if origin == "typing" else "predict"
+
         def predict(backend: Backend):
-            run = backend.start(uri, ctx, cfg, purpose="predict", anchor=anchor)
+            run = backend.start(uri, ctx, cfg, purpose=purpose, anchor=anchor)
             aborted = "stopped"
             try:
                 while not run.done:
@@ -287,7 +293,8 @@ class CompletionService:
         job.future.add_done_callback(lambda f: pred.done or pred.finish(
             "stopped", aborted=job.reason or ("error" if f.exception() is not None else "dropped")))
         self._drop_predictions(self.predictions.add(pred), "dropped")
-        self.stats.count("predictions" if origin == "request" else "ahead_predictions")
+        counter = {"request": "predictions", "typing": "typing_predictions"}.get(origin, "ahead_predictions")
+        self.stats.count(counter)
         self.worker.submit(pred.job)
         return pred
 

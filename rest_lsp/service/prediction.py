@@ -53,7 +53,9 @@ class Prediction:
         self.uri = uri
         self.ctx = ctx
         self.prefix, self.suffix = ctx.prefix, ctx.suffix
-        self.origin = origin  # "request" | "ahead" (as if the shown suggestion were accepted)
+        # "request" | "typing" (started by an edit or the cursor resting) | "ahead" (as if the shown
+        # suggestion were accepted)
+        self.origin = origin
         self.created = time.perf_counter()
         self.job = None  # rest_lsp.service.worker.Job running it
         self.text = ""

@@ -136,18 +136,57 @@ async def test_a_cancelled_request_leaves_its_prediction_decoding_for_the_next_p
         svc.close()
 
 
-async def test_an_edit_that_contradicts_a_prediction_stops_it_and_warms_the_new_place():
+@pytest.mark.parametrize("typing", [True, False])
+async def test_an_edit_that_contradicts_a_prediction_stops_it_and_warms_the_new_place(typing):
     backend = FakeBackend(respond=lambda ctx: "abcdefghijklmnopqrstuvwxyz", step_s=0.02)
-    svc = make_service(backend, max_tokens=100)
+    svc = make_service(backend, max_tokens=100, predict_while_typing=typing)
     try:
         first = asyncio.ensure_future(svc.complete(req("file:///a.py", "x = ")))
         await asyncio.sleep(0.1)
         first.cancel()
         svc.document_changed("file:///a.py", "x = Q", 0, 5)  # not what the model said
         await asyncio.sleep(0.15)
-        pred = svc.predictions.of("file:///a.py")[0]
+        pred = next(p for p in svc.predictions.of("file:///a.py") if p.prefix == "x = ")
         assert pred.done and pred.aborted == "stale" and len(pred.text) < 26
-        assert ("warm", "x = Q") in backend.starts
+        # the new place: its prompt computed (and, typing, decoding on from there)
+        assert ("typing" if typing else "warm", "x = Q") in backend.starts
+    finally:
+        svc.close()
+
+
+async def test_the_next_pause_is_answered_from_what_was_decoded_since_the_key():
+    backend = FakeBackend(respond=lambda ctx: "len(items)\n", step_s=0.01)
+    svc = make_service(backend, max_tokens=50, predict_budget_ms=100)
+    try:
+        svc.document_changed("file:///k.py", "n = ", 0, 4)  # a key; the client's debounce runs
+        await asyncio.sleep(0.3)
+        r = await svc.complete(req("file:///k.py", "n = "))
+        assert r.items[0].text == "len(items)" and r.record["outcome"] in ("reused", "cache")
+        assert not r.record["model_call"] and r.record["latency_ms"] < 100
+        assert [p for p, _ in backend.starts] == ["typing"]
+        svc.document_changed("file:///k.py", "n = le", 0, 6)  # typed what it says: nothing new to compute
+        svc.document_changed("file:///k.py", "n = lex", 0, 7)  # not what it says: a new prediction there
+        await asyncio.sleep(0.1)
+        assert [p for p, _ in backend.starts] == ["typing", "typing"]
+        assert svc.stats.snapshot()["totals"]["typing_predictions"] == 2
+    finally:
+        svc.close()
+
+
+async def test_a_request_raises_the_prediction_a_key_started_above_other_work():
+    backend = FakeBackend(respond=lambda ctx: "value\n", step_s=0.02, prefill_steps=5)
+    svc = make_service(backend, max_tokens=20)
+    try:
+        svc.document_changed("file:///w.py", "a = 1\nb = ", 1, 4)  # decoding at low priority ...
+        svc.document_changed("file:///v.py", "c = ", 0, 4)  # ... next to another document's
+        await asyncio.sleep(0.03)
+        r = await svc.complete(req("file:///v.py", "c = "))
+        assert r.items[0].text == "value" and r.record["outcome"] == "reused"
+        order = [k for _, k in backend.forwards]
+        first_v = order.index("file:///v.py")
+        done_v = len(order) - 1 - order[::-1].index("file:///v.py")
+        # once the request came, the other document's forwards waited until this one's were done
+        assert "file:///w.py" not in order[first_v + 2:done_v], order
     finally:
         svc.close()
 
@@ -171,7 +210,7 @@ async def test_a_newer_request_supersedes_an_older_one_that_nobody_cancelled():
 # ---- warm-ups --------------------------------------------------------------------------------------
 async def test_a_completion_pre_empts_a_warm_up_at_its_next_forward_and_the_warm_up_resumes():
     backend = FakeBackend(respond=lambda ctx: "ok\n", step_s=0.02, prefill_steps=10)
-    svc = make_service(backend, max_tokens=10)
+    svc = make_service(backend, max_tokens=10, predict_while_typing=False)
     try:
         svc.document_changed("file:///w.py", "a = 1\nb = ", 1, 4)  # warm b
         await asyncio.sleep(0.07)  # a few warm chunks done
@@ -192,9 +231,10 @@ async def test_a_completion_pre_empts_a_warm_up_at_its_next_forward_and_the_warm
         svc.close()
 
 
-async def test_a_prediction_that_covers_the_cursor_needs_no_warm_up():
+@pytest.mark.parametrize("typing", [True, False])
+async def test_a_prediction_that_covers_the_cursor_needs_no_warm_up(typing):
     backend = FakeBackend(respond=lambda ctx: "bcdef\n", step_s=0.0)
-    svc = make_service(backend, max_tokens=10)
+    svc = make_service(backend, max_tokens=10, predict_while_typing=typing)
     try:
         await svc.complete(req("file:///p.py", "x = a"))
         svc.document_changed("file:///p.py", "x = ab", 0, 6)  # typed what was shown
@@ -202,7 +242,7 @@ async def test_a_prediction_that_covers_the_cursor_needs_no_warm_up():
         assert [p for p, _ in backend.starts] == ["predict"]
         svc.document_changed("file:///p.py", "x = aZ", 0, 6)
         await asyncio.sleep(0.05)
-        assert [p for p, _ in backend.starts] == ["predict", "warm"]
+        assert [p for p, _ in backend.starts] == ["predict", "typing" if typing else "warm"]
     finally:
         svc.close()
 
