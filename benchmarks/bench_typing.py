@@ -18,8 +18,8 @@ and types on after it.
 
 Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
 rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
-p50/p95, characters typed vs accepted, server CPU seconds per typed character, model calls, and the daemon's
-own figures.
+p50/p95, characters typed vs accepted, server CPU seconds per typed character, model runs (started by keys,
+by requests, ahead), and the daemon's own figures.
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
         "cpu_s": round(cpu, 1), "cpu_s_per_typed_char": round(cpu / max(1, tally["typed"]), 3),
         "server": {k: st["totals"].get(k) for k in (
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
-            "predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
+            "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
             "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications")},
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
     }
@@ -377,15 +377,20 @@ async def main_async(args) -> dict:
             print(f"kept {work}", file=sys.stderr)
 
 
+def predictions(server: dict) -> str:
+    """Model runs started by keys (typing), by requests and as if a suggestion were accepted."""
+    return "/".join(str(server.get(k) or 0) for k in ("typing_predictions", "predictions", "ahead_predictions"))
+
+
 def table(report: dict) -> str:
     head = (f"{'method':<6} {'pauses':>6} {'shown':>6} {'shown %':>7} {'p50 ms':>7} {'p95 ms':>7} {'typed':>6} "
-            f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'model calls':>11}")
+            f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'predictions key/req/ahead':>25}")
     out = [head, "-" * len(head)]
     for m, r in report["methods"].items():
         out.append(f"{m:<6} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
                    f"{r['shown_latency_ms_p50'] or 0:>7.0f} {r['shown_latency_ms_p95'] or 0:>7.0f} {r['keys_typed']:>6} "
                    f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
-                   f"{r['server']['model_calls']:>11}")
+                   f"{predictions(r['server']):>25}")
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
