@@ -235,6 +235,29 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
         make_verifier(int8, "packed")
 
 
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("llama", 3)])
+def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
+    """Per-row int8 (rest_lsp/model/int8row.py), eager (transformers' forward over the replaced modules) and fast verifiers: plain decoding equal, and
+    tree speculation equal to plain decoding on each."""
+    import copy
+
+    from rest_lsp.model.int8row import Int8RowLinear, quantize_model
+
+    model = quantize_model(copy.deepcopy(tiny(kind, seed)))
+    assert isinstance(model.model.layers[0].mlp.down_proj, Int8RowLinear)
+    assert isinstance(model.get_output_embeddings(), Int8RowLinear)
+    hf, fast = HFVerifier(model), FastVerifier(model, max_len=256)
+    x = prompt(seed, 9)
+    n = 32
+    plain, plain_steps = greedy(hf, x, n)
+    assert len(set(plain)) > 3
+    assert greedy(fast, x, n)[0] == plain
+    for verifier in (hf, fast):
+        spec, steps = greedy(verifier, x, n, truth=plain, seed=seed, max_nodes=9)
+        assert spec == plain
+        assert steps < plain_steps
+
+
 def test_compiled_buckets_emit_plain_greedy():
     """The compile path at the smallest shapes (1 layer, one bucket of 4 serving q = 1..4 padded; inductor's
     default mode); the max-autotune variant runs with REST_LSP_SLOW_TESTS=1."""
