@@ -431,7 +431,7 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
     projection), "compiled", "static" (rest_lsp/model/static.py: the GPU verifier, any device), or "auto":
     on a GPU static; on the CPU screened where it has native bf16 dot products, else packed; eager where
-    none supports the model (architecture, int8 dynamic quantization)."""
+    none supports the model (architecture, torch's quantize_dynamic modules; per-row int8 models run the fast path)."""
     from rest_lsp.engine.verifier import HFVerifier
 
     if kind not in KINDS:
