@@ -1,7 +1,8 @@
 """What one forward's linear layers cost on this CPU per precision path, for decoding (1 row), a draft tree
 (8 rows) and a prefill chunk (256 rows): fp32, bf16, int8 with one activation scale per call
-(`torch.ao.quantization.quantize_dynamic`, what `precision: int8` runs) and int8 with one activation scale per
-row (`torch._int_mm` on row-quantized activations: batch-invariant, so it could verify draft trees exactly).
+(`torch.ao.quantization.quantize_dynamic`, what `precision: int8` ran before rest_lsp/model/int8row.py) and int8
+with one activation scale per row (`torch._int_mm` on row-quantized activations: batch-invariant, so it can
+verify draft trees exactly; what `precision: int8` runs now, with oneDNN's prepacked product for 2+ rows).
 
     .venv/bin/python benchmarks/precision_paths.py [--model embedded|DIR] [--threads 2] [--repeat 20]
         [--json OUT]

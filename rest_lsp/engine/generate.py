@@ -141,11 +141,6 @@ class Engine:
         self.precision = str(next(self.model.parameters()).dtype) if bare else getattr(loaded, "precision", "")
         self.verifier: Verifier = verifier or HFVerifier(self.model, None if bare else getattr(loaded, "device", None))
         self.vocab_size: int = int(self.model.config.vocab_size)
-        if self.precision == "int8" and sources:
-            # quantize_dynamic picks one activation scale per call, so a row's logits depend on the other rows
-            # of a verification (docs/cpu.md): tree drafts would change the output. Decode plainly, exactly.
-            log.warning("int8 dynamic quantization is not batch-invariant: speculation is off, decoding is plain")
-            sources = ()
         self.drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
                                acceptance_lr=acceptance_lr, vocab_size=self.vocab_size)
         self.cost = cost

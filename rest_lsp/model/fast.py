@@ -18,7 +18,11 @@ kinds
     compiled  the same forward under torch.compile (inductor, freezing, max-autotune CPU GEMM templates)
               per q bucket (1, 2, 4, 8, 16; other q run the packed path); many minutes of compiling
     auto      screened where the CPU has native bf16 dot products, else packed; eager where the model is
-              not supported (architecture other than Qwen2/Llama, int8 dynamic quantization, not on a CPU)
+              not supported (architecture other than Qwen2/Llama, not on a CPU)
+
+An int8 model (rest_lsp/model/int8row.py: per-row W8A8) runs its own Int8RowLinear modules here, q/k/v and
+gate/up fused (bit-identical to the separate products), its int8 LM head as is (exact logits at that
+precision, so no screening); `packed`, `screened` and `auto` all give that path.
 
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
 exactly what plain decoding with that same verifier emits (tests/model/test_fast.py).
@@ -34,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
+
+from .int8row import Int8RowLinear
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 SUPPORTED_ARCHS = ("qwen2", "llama")
@@ -67,17 +73,16 @@ def _check_supported(model: Any) -> None:
     if not params or any(p.device.type != "cpu" for p in params):
         raise UnsupportedModel("fast verifier: CPU models only")
     if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
-        raise UnsupportedModel("fast verifier: fp32 or bf16 weights only (int8 dynamic quantization keeps "
-                               "no float weights to pack)")
+        raise UnsupportedModel("fast verifier: fp32, bf16 or per-row int8 (Int8RowLinear) weights only")
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
     linears = [getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
     linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     linears.append(model.get_output_embeddings())
-    if not all(isinstance(m, torch.nn.Linear) for m in linears):
-        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear (int8 dynamic "
-                               "quantization replaces them with packed int8 modules)")
+    if not all(isinstance(m, (torch.nn.Linear, Int8RowLinear)) for m in linears):
+        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an Int8RowLinear "
+                               "(torch's quantize_dynamic int8 modules are not supported)")
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
         raise UnsupportedModel("fast verifier: per-head q/k norms (Qwen3-style) are not supported")
 
@@ -118,6 +123,15 @@ class Layer(torch.nn.Module):
     def __init__(self, hf_layer: Any, packed: bool, min_rows: int):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
+        if isinstance(a.q_proj, Int8RowLinear):
+            # int8: the model's own modules (no float weights to pack); int8 products need no row padding
+            self.qkv: torch.nn.Module = Int8RowLinear.fuse(a.q_proj, a.k_proj, a.v_proj)
+            self.o: torch.nn.Module = a.o_proj
+            self.gate_up: torch.nn.Module = Int8RowLinear.fuse(m.gate_proj, m.up_proj)
+            self.down: torch.nn.Module = m.down_proj
+            self.in_norm = hf_layer.input_layernorm.weight.detach()
+            self.post_norm = hf_layer.post_attention_layernorm.weight.detach()
+            return
         self.qkv = Dense(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                          _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed, min_rows)
         self.o = Dense(a.o_proj.weight, a.o_proj.bias, packed, min_rows)
@@ -220,11 +234,13 @@ class StaticLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
         self.norm = model.model.norm.weight.detach()
         head = model.get_output_embeddings()
-        if screen and getattr(head, "bias", None) is None and head.weight.dtype == torch.float32:
+        if isinstance(head, Int8RowLinear):
+            self.head: torch.nn.Module = head  # exact logits at int8 precision
+        elif screen and getattr(head, "bias", None) is None and head.weight.dtype == torch.float32:
             self.head: torch.nn.Module = ScreenedHead(head.weight, min_rows)
         else:
             self.head = Dense(head.weight, getattr(head, "bias", None), packed, min_rows)
-        self.vocab_size = head.weight.shape[0]
+        self.vocab_size = head.out_features
         # rotary tables from the model's own rotary module: covers rope scaling variants and attention_scaling
         with torch.no_grad():
             pos = torch.arange(max_len)[None]
@@ -284,6 +300,8 @@ class FastVerifier(SlotCache):
         self.max_positions = max_pos
         if screen and compiled:
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
+        if compiled and any(isinstance(m, Int8RowLinear) for m in model.modules()):
+            raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
         self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
@@ -413,7 +431,7 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
     projection), "compiled", "static" (rest_lsp/model/static.py: the GPU verifier, any device), or "auto":
     on a GPU static; on the CPU screened where it has native bf16 dot products, else packed; eager where
-    none supports the model (architecture, int8 dynamic quantization)."""
+    none supports the model (architecture, torch's quantize_dynamic modules; per-row int8 models run the fast path)."""
     from rest_lsp.engine.verifier import HFVerifier
 
     if kind not in KINDS:

@@ -9,7 +9,8 @@
     a hub id             "org/name", fetched by transformers where the network allows
 
 Device "auto" is CUDA when available, else CPU. Precision "auto" is bf16 on CUDA (fp16 where the GPU has
-no bf16) and fp32 on CPU; "int8" (CPU only) applies dynamic int8 quantization to every nn.Linear.
+no bf16) and fp32 on CPU; "int8" (CPU only) replaces the decoder's nn.Linear layers and the LM head by per-row
+W8A8 int8 products (rest_lsp/model/int8row.py: batch-invariant, so speculation stays exact), activations fp32.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class LoadedModel:
     model: Any                     # transformers PreTrainedModel, eval mode
     tokenizer: Any                 # transformers PreTrainedTokenizerBase
     device: torch.device
-    dtype: torch.dtype             # activation dtype (fp32 for int8 dynamic quantization)
+    dtype: torch.dtype             # activation dtype (fp32 for int8: norms, attention, embeddings)
     precision: str                 # "fp32" | "int8" | "bf16" | "fp16"
     name: str
     fim: FimFormat | None
@@ -78,8 +79,8 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0]) if self.precision != "int8" \
-            else int(self.model.config.vocab_size)
+        head = self.model.get_output_embeddings()
+        return int(head.weight.shape[0]) if hasattr(head, "weight") else int(head.out_features)
 
 
 # ---------------------------------------------------------------------------------------- device
@@ -106,7 +107,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
             return "fp16"
         return "fp32"
     if precision == "int8" and device.type != "cpu":
-        raise ModelLoadError("precision int8 (dynamic quantization) runs on the CPU only; "
+        raise ModelLoadError("precision int8 (per-row W8A8, torch._int_mm) runs on the CPU only; "
                              f"use bf16/fp16 on {device.type}")
     return precision
 
@@ -228,12 +229,13 @@ def _load_tokenizer(location, kind: str):
 
 
 def quantize_int8(model):
-    """Dynamic int8 quantization of every nn.Linear (weights int8, activations quantized per call)."""
-    from torch.ao.quantization import quantize_dynamic
+    """Per-row W8A8 int8 for the decoder's linear layers and the LM head (rest_lsp/model/int8row.py)."""
+    from .int8row import quantize_model
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    try:
+        return quantize_model(model)
+    except RuntimeError as e:
+        raise ModelLoadError(f"precision int8: {e}; use fp32 or bf16") from e
 
 
 def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", precision: str = "auto",

@@ -7,6 +7,11 @@ So `precision: auto` on a CPU times both, once per model, CPU and torch version 
 on what a completion costs: a 64-token prompt chunk and a few one-token steps through the verifier the daemon
 uses, and keeps the cheaper one. Greedy output stays exact at the precision chosen: REST decoding emits what
 plain greedy decoding at that precision emits.
+
+Per-row int8 (rest_lsp/model/int8row.py) is cheaper still on such a CPU, but it is a coarser model: W8A8 can
+cost completion quality where activations have outliers. So int8 joins the timing only for a model whose
+first-line exact match (benchmarks/bench_layout.py) was measured within INT8_MAX_LOSS points of bf16's on the
+same cases (INT8_QUALITY); elsewhere it stays opt-in (`precision: int8`). Figures: docs/cpu.md.
 """
 from __future__ import annotations
 
@@ -27,7 +32,14 @@ PROMPT_CHUNK = 64  # the warm-up chunk: what typing costs
 STEPS = 6  # one-token steps timed (the median counts)
 # the cost a completion pays: a prompt chunk plus this many decoding steps (a short suggestion)
 STEPS_PER_COMPLETION = 8
-MEASURE_VERSION = 1
+MEASURE_VERSION = 2  # 2: an "int8" entry and choice (for models in INT8_QUALITY within INT8_MAX_LOSS)
+
+# first-line exact match, int8 minus bf16, in points (benchmarks/bench_layout.py --layouts line@body, the same
+# cases; docs/cpu.md), per model name. A model missing here is not a candidate: its loss is unknown.
+INT8_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-0.5B-Instruct": -2.5,  # 85 vs 91 of 240 boltons lines (2026-11-30): opt-in only
+}
+INT8_MAX_LOSS = 2.0  # points of first-line exact match int8 may lose against bf16 and still be chosen
 
 
 def cpu_name() -> str:
@@ -40,10 +52,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cache_path(model_name: str) -> Path:
+def _cache_path(model_name: str, int8: bool = False) -> Path:
     from rest_lsp.engine.cost import cache_dir
 
-    key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}"
+    # int8 in the key: a model that becomes a candidate (INT8_QUALITY) is measured again, with int8
+    key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}" \
+        + ("-int8" if int8 else "")
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 
@@ -73,33 +87,45 @@ def completion_ms(m: dict) -> float:
     return m["prompt_chunk_ms"] + STEPS_PER_COMPLETION * m["step_ms"]
 
 
+def int8_candidate(model_name: str) -> bool:
+    """int8 may be chosen for this model: its measured quality loss against bf16 is within INT8_MAX_LOSS."""
+    from .int8row import int_mm_exact
+
+    loss = INT8_QUALITY.get(model_name)
+    return loss is not None and loss >= -INT8_MAX_LOSS and int_mm_exact()
+
+
 def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
-    """("fp32" | "bf16", the measurements) for a model loaded in fp32 on the CPU."""
+    """("fp32" | "bf16" | "int8", the measurements) for a model loaded in fp32 on the CPU: the cheapest by
+    completion_ms among fp32, bf16 (native bf16 dot products only) and int8 (int8_candidate models only)."""
     from .fast import cpu_has_bf16
     from .verifiers import make_verifier_or_eager
 
-    if not cpu_has_bf16():
-        return "fp32", {"reason": "no native bf16 dot products on this CPU"}
-    path = _cache_path(loaded_fp32.name)
+    bf16_ok, int8_ok = cpu_has_bf16(), int8_candidate(loaded_fp32.name)
+    if not bf16_ok and not int8_ok:
+        return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 is opt-in for this model"}
+    path = _cache_path(loaded_fp32.name, int8_ok)
     if not force:
         try:
             data = json.loads(path.read_text())
             return data["choice"], data
         except (OSError, ValueError, KeyError):
             pass
-    fp32 = time_forwards(make_verifier_or_eager(loaded_fp32, "auto", max_len=512), loaded_fp32.vocab_size)
-    bf16_model = _bf16_copy(loaded_fp32.model)
-    bf16 = time_forwards(make_verifier_or_eager(bf16_model, "auto", max_len=512), loaded_fp32.vocab_size)
-    del bf16_model
-    choice = "bf16" if completion_ms(bf16) < completion_ms(fp32) else "fp32"
-    data = {"choice": choice, "fp32": fp32, "bf16": bf16, "cpu": cpu_name(), "threads": torch.get_num_threads(),
+    timed = {"fp32": time_forwards(make_verifier_or_eager(loaded_fp32, "auto", max_len=512), loaded_fp32.vocab_size)}
+    for name, ok, convert in (("bf16", bf16_ok, _bf16_copy), ("int8", int8_ok, _int8_copy)):
+        if ok:
+            model = convert(loaded_fp32.model)
+            timed[name] = time_forwards(make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
+            del model
+    choice = min(timed, key=lambda name: completion_ms(timed[name]))  # ties: the first (fp32, then bf16)
+    data = {"choice": choice, **timed, "cpu": cpu_name(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "model": loaded_fp32.name}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(path, json.dumps(data).encode())
     except OSError:
         pass  # measured again next time
-    log.info("precision auto on this CPU: %s (fp32 %s, bf16 %s)", choice, fp32, bf16)
+    log.info("precision auto on this CPU: %s (%s)", choice, timed)
     return choice, data
 
 
@@ -107,6 +133,24 @@ def _bf16_copy(model):
     import copy
 
     return copy.deepcopy(model).to(torch.bfloat16)
+
+
+def _int8_copy(model):
+    import copy
+
+    from .int8row import quantize_model
+
+    return quantize_model(copy.deepcopy(model))
+
+
+def as_int8(loaded):
+    """The same LoadedModel with per-row int8 linear layers (converted in place; activations stay fp32)."""
+    import dataclasses
+
+    from .int8row import quantize_model
+
+    quantize_model(loaded.model)
+    return dataclasses.replace(loaded, dtype=torch.float32, precision="int8")
 
 
 def as_bf16(loaded):

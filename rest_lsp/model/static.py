@@ -49,7 +49,7 @@ def check_supported(model: Any) -> None:
         raise UnsupportedModel("static verifier: sliding-window attention is not supported")
     params = list(model.parameters())
     if not params or any(p.dtype not in (torch.float32, torch.bfloat16, torch.float16) for p in params):
-        raise UnsupportedModel("static verifier: float weights only (int8 dynamic quantization is CPU-only)")
+        raise UnsupportedModel("static verifier: float weights only")
     layer = model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]

@@ -55,7 +55,5 @@ def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
     engine = Engine(lm, [(source, 1.0)], verifier=make_verifier_or_eager(lm, verifier), eos_token_ids=[])
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=8))
     assert res.tokens == ref, (precision, verifier)
-    if precision == "int8":
-        assert res.steps == N   # not batch-invariant: decoded plainly, one token per forward
-    else:
-        assert res.steps < N / 2, res.accepted   # the forced drafts were verified and accepted
+    # the forced drafts were verified and accepted (int8 too: its per-row products are batch-invariant)
+    assert res.steps < N / 2, res.accepted

@@ -235,6 +235,29 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
         make_verifier(int8, "packed")
 
 
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("llama", 3)])
+def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
+    """Per-row int8 (rest_lsp/model/int8row.py), eager (transformers' forward over the replaced modules) and fast verifiers: plain decoding equal, and
+    tree speculation equal to plain decoding on each."""
+    import copy
+
+    from rest_lsp.model.int8row import Int8RowLinear, quantize_model
+
+    model = quantize_model(copy.deepcopy(tiny(kind, seed)))
+    assert isinstance(model.model.layers[0].mlp.down_proj, Int8RowLinear)
+    assert isinstance(model.get_output_embeddings(), Int8RowLinear)
+    hf, fast = HFVerifier(model), FastVerifier(model, max_len=256)
+    x = prompt(seed, 9)
+    n = 32
+    plain, plain_steps = greedy(hf, x, n)
+    assert len(set(plain)) > 3
+    assert greedy(fast, x, n)[0] == plain
+    for verifier in (hf, fast):
+        spec, steps = greedy(verifier, x, n, truth=plain, seed=seed, max_nodes=9)
+        assert spec == plain
+        assert steps < plain_steps
+
+
 def test_compiled_buckets_emit_plain_greedy():
     """The compile path at the smallest shapes (1 layer, one bucket of 4 serving q = 1..4 padded; inductor's
     default mode); the max-autotune variant runs with REST_LSP_SLOW_TESTS=1."""
@@ -251,12 +274,14 @@ def test_compiled_buckets_emit_plain_greedy():
 
 
 @pytest.mark.embedded
-def test_embedded_model_auto_verifier_is_exact():
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_embedded_model_auto_verifier_is_exact(precision):
     """On the embedded Qwen2.5-Coder-0.5B: the default fast verifier's plain decoding equals transformers',
-    and tree speculation with it equals its plain decoding."""
+    and tree speculation with it equals its plain decoding (int8: per-row W8A8, whose real activations have
+    outlier channels and int32 sums past 2^24)."""
     from rest_lsp.model.host import load_model
 
-    lm = load_model(None, device="cpu", precision="fp32")
+    lm = load_model(None, device="cpu", precision=precision)
     ids = torch.tensor(lm.tokenizer.encode('import argparse\n\n\ndef main():\n    parser = argparse.ArgumentParser('))
     reference, _ = greedy(make_verifier(lm, "eager"), ids, 24)
     fast = make_verifier(lm, "auto")

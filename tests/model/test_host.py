@@ -30,12 +30,15 @@ def test_auto_precision_on_cpu(tiny_model_dir):
     assert lm.device.type == "cpu" and lm.precision == "fp32"
 
 
-def test_int8_dynamic_quantization(tiny_model_dir):
+def test_int8_per_row_quantization(tiny_model_dir):
+    from rest_lsp.model.int8row import Int8RowLinear
+
     ref = load_model(tiny_model_dir, device="cpu", precision="fp32")
     lm = load_model(tiny_model_dir, device="cpu", precision="int8")
     assert lm.precision == "int8" and lm.dtype == torch.float32
-    linears = [m for m in lm.model.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
-    assert linears, "nn.Linear layers should be replaced by dynamically quantized ones"
+    assert not [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)], "every nn.Linear is replaced"
+    assert isinstance(lm.model.get_output_embeddings(), Int8RowLinear)
+    assert lm.vocab_size == ref.vocab_size
     ids = torch.tensor([ref.build_prompt("import os\nimport sys\n")])
     with torch.no_grad():
         a = ref.model(ids).logits

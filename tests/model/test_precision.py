@@ -50,3 +50,55 @@ def test_as_bf16_converts_the_weights(tiny):
     lm = as_bf16(copy.deepcopy(tiny))
     assert lm.precision == "bf16" and lm.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
+
+
+def _ordered_timing(monkeypatch, precision, step_ms: list[float]):
+    """time_forwards as measured, with step_ms replaced in call order (fp32, bf16, int8)."""
+    calls = []
+    real = precision.time_forwards
+
+    def fake(verifier, vocab):
+        calls.append(verifier)
+        return {**real(verifier, vocab), "step_ms": step_ms[len(calls) - 1]}
+
+    monkeypatch.setattr(precision, "time_forwards", fake)
+    return calls
+
+
+def test_int8_is_opt_in_for_a_model_without_a_quality_figure(tiny, monkeypatch, tmp_path):
+    from rest_lsp.model import fast, precision
+
+    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
+    assert tiny.name not in precision.INT8_QUALITY
+    calls = _ordered_timing(monkeypatch, precision, [5.0, 4.0, 5.0, 4.0])  # int8, were it timed, never is
+    choice, data = precision.choose(tiny)
+    assert choice == "bf16" and len(calls) == 2 and "int8" not in data
+    # a measured loss beyond INT8_MAX_LOSS keeps it out too
+    monkeypatch.setitem(precision.INT8_QUALITY, tiny.name, -(precision.INT8_MAX_LOSS + 1))
+    assert precision.choose(tiny, force=True)[0] == "bf16" and len(calls) == 4
+
+
+def test_int8_chosen_where_its_quality_passed_and_it_is_cheapest(tiny, monkeypatch, tmp_path):
+    from rest_lsp.model import fast, precision
+    from rest_lsp.model.int8row import is_int8
+
+    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
+    monkeypatch.setitem(precision.INT8_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)
+    calls = _ordered_timing(monkeypatch, precision, [5.0, 4.0, 1.0, 5.0, 4.0, 9.0])
+    choice, data = precision.choose(tiny)
+    assert choice == "int8" and set(data) >= {"fp32", "bf16", "int8"} and len(calls) == 3
+    assert not is_int8(tiny.model)  # measured on a copy
+    assert precision.choose(tiny, force=True)[0] == "bf16"  # int8 dearer now: the cheapest wins
+
+
+def test_as_int8_converts_the_linear_layers(tiny):
+    import copy
+
+    from rest_lsp.model.int8row import is_int8
+    from rest_lsp.model.precision import as_int8
+
+    lm = as_int8(copy.deepcopy(tiny))
+    assert lm.precision == "int8" and lm.dtype == torch.float32 and is_int8(lm.model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
