@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-_PAD = -1
+PAD = _PAD = -1  # after a continuation's last token in a padded row
 
 
 class TokenTrie:
@@ -134,18 +134,27 @@ class TokenTrie:
         return trie
 
 
-def padded_rows(conts: Sequence[tuple[Sequence[int], float]]) -> tuple[np.ndarray, np.ndarray]:
-    """[(tokens, weight)] -> (rows [C, L] padded with -1, weights [C]), in one pass over the tokens."""
+def padded_rows(conts: Sequence[tuple[Sequence[int], float]], width: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """[(tokens, weight)] -> (rows [C, L] padded with -1, weights [C]), in one pass over the tokens.
+    width: L (at least the longest continuation); default the longest continuation's length."""
     lengths = np.fromiter((len(t) for t, _ in conts), dtype=np.int64, count=len(conts))
     weights = np.fromiter((w for _, w in conts), dtype=np.float64, count=len(conts))
     total = int(lengths.sum())
-    rows = np.full((len(conts), int(lengths.max()) if len(conts) else 0), _PAD, dtype=np.int64)
+    longest = int(lengths.max()) if len(conts) else 0
+    rows = np.full((len(conts), max(longest, width or 0)), _PAD, dtype=np.int64)
     if total:
         flat = np.fromiter(chain.from_iterable(t for t, _ in conts), dtype=np.int64, count=total)
         row = np.repeat(np.arange(len(conts)), lengths)
         col = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         rows[row, col] = flat
     return rows, weights
+
+
+def row_tuples(rows: np.ndarray, weights: np.ndarray) -> list[tuple[tuple[int, ...], float]]:
+    """(rows, weights) -> [(tokens, weight)]: padded_rows undone."""
+    lengths = (rows != _PAD).sum(axis=1).tolist()
+    return [(tuple(r[:n]), w) for r, n, w in zip(rows.tolist(), lengths, weights.tolist())]
 
 
 def match_strength(match_len: int | None) -> float:
@@ -167,20 +176,28 @@ def mix(
     Shares should sum to at most 1 over the configured sources: a source with nothing to say leaves
     its share unclaimed, which keeps the root mass (and every estimate below it) honest.
     """
+    return mix_rows(root_token, [(name, share, strength, *padded_rows(conts))
+                                 for name, share, strength, conts in proposals])
+
+
+def mix_rows(root_token: int,
+             proposals: Iterable[tuple[str, float, float, np.ndarray, np.ndarray]]) -> TokenTrie:
+    """`mix` from (source name, share, strength, rows [C, L] padded with -1, weights [C]) per source: the
+    drafter's path (the sources' `propose_rows`)."""
     proposals = list(proposals)
     names, strengths = [p[0] for p in proposals], [p[2] for p in proposals]
     parts_rows, parts_w, parts_s = [], [], []
-    for s, (_, share, strength, conts) in enumerate(proposals):
-        if share <= 0 or strength <= 0 or not conts:
+    for s, (_, share, strength, rows, w) in enumerate(proposals):
+        if share <= 0 or strength <= 0 or not len(w):
             continue
-        rows, w = padded_rows(conts)
         keep = (w > 0) & (rows[:, 0] != _PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
-        total = w[keep].sum()
+        all_kept = keep.all()
+        total = (w if all_kept else w[keep]).sum()
         if total <= 0:
             continue
-        parts_rows.append(rows[keep])
-        parts_w.append(w[keep] * (share * strength / total))
-        parts_s.append(np.full(int(keep.sum()), s, dtype=np.int64))
+        parts_rows.append(rows if all_kept else rows[keep])
+        parts_w.append((w if all_kept else w[keep]) * (share * strength / total))
+        parts_s.append(np.full(len(parts_w[-1]), s, dtype=np.int64))
     if not parts_rows:
         return TokenTrie(root_token, names, strengths)
     width = max(r.shape[1] for r in parts_rows)
