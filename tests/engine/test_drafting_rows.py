@@ -155,3 +155,15 @@ def test_padded_rows_width_and_round_trip():
     rows, w = padded_rows([((1, 2), 0.5), ((3,), 1.0)], width=4)
     assert rows.tolist() == [[1, 2, -1, -1], [3, -1, -1, -1]] and w.tolist() == [0.5, 1.0]
     assert row_tuples(rows, w) == [((1, 2), 0.5), ((3,), 1.0)]
+
+
+def test_recycling_rows_equal_its_padded_proposals():
+    from rest_lsp.engine.sources import RecyclingSource
+
+    src = RecyclingSource()
+    assert [a.tolist() for a in src.propose_rows([1, 2], 10)] == [[], []]
+    src.begin([5, 1, 2])
+    src.observe_forward([2, 3, 4], [[3, 7, 8, 9], [4, 1, 2, 3], [6, 5, 4, 3]])
+    rows, weights = src.propose_rows([5, 1, 2], 10)
+    ref_rows, ref_weights = padded_rows(src.propose([5, 1, 2], 10))
+    assert rows.tolist() == ref_rows.tolist() and weights.tolist() == ref_weights.tolist() and len(rows) > 1
