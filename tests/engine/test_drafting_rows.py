@@ -167,3 +167,22 @@ def test_recycling_rows_equal_its_padded_proposals():
     rows, weights = src.propose_rows([5, 1, 2], 10)
     ref_rows, ref_weights = padded_rows(src.propose([5, 1, 2], 10))
     assert rows.tolist() == ref_rows.tolist() and weights.tolist() == ref_weights.tolist() and len(rows) > 1
+
+
+def test_the_workspace_set_answers_rows_as_its_search():
+    """The daemon's repository source searches a DatastoreSet of workspace stores: its rows equal its search."""
+    from rest_lsp.service.datastores import DatastoreSet
+
+    stores = DatastoreSet()
+    rng = np.random.default_rng(1)
+    for key in ("a", "b"):
+        ds = Datastore.memory(vocab_size=400)
+        ds.set_live("x", rng.integers(0, 5, 400).tolist())
+        stores.set(key, ds)
+    for _ in range(20):
+        ctx = rng.integers(0, 5, 6).tolist()
+        for kw in (dict(max_len=4), dict(max_len=10, limit=8, k=50)):
+            found, ref = stores.search_rows(ctx, **kw), stores.search(ctx, **kw)
+            assert found.match_len == ref.match_len
+            assert row_tuples(found.rows, found.weights) == [(c.tokens, c.weight) for c in ref.continuations]
+    assert stores.search_rows([99, 98], max_len=3).match_len == 0
