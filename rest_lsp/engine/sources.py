@@ -14,6 +14,7 @@ None where that means nothing) lets the mixer trust long matches more than short
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -262,13 +263,20 @@ class FoundRows(Protocol):
     weights: np.ndarray
 
 
-def _as_rows(result, max_len: int):
-    """A SearchResult (Continuation objects) as indexer.types.SearchRows."""
-    from indexer.types import SearchRows as Found
+@dataclass
+class _Found:
+    """FoundRows of a datastore that answers `search` alone (the engine does not import the indexer)."""
 
+    match_len: int
+    rows: np.ndarray
+    weights: np.ndarray
+
+
+def _as_rows(result, max_len: int) -> _Found:
+    """A SearchResult (Continuation objects) as rows."""
     conts = [c for c in result.continuations if len(c.tokens)]
     rows, weights = padded_rows([(c.tokens, float(c.weight)) for c in conts], width=max_len)
-    return Found(result.match_len, result.count, rows, np.array([c.count for c in conts], dtype=np.int64), weights)
+    return _Found(result.match_len, rows, weights)
 
 
 def merge_levels(levels: Sequence[tuple[int, FoundRows]], max_continuations: int, max_len: int) -> Rows:
