@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     header, records = read_records(Path(args.record))
     tok = recorded_tokenizer(header)
     corpus = Datastore.open(Path(args.datastore), tokenizer=tok, verify=False) if args.datastore else None
+    if corpus is not None:
+        corpus.prefault()  # as the daemon and `rest-lsp replay` do
     tmp = tempfile.TemporaryDirectory(prefix="rest-profile.")
     repo = Datastore.build([Path(args.repo)], Path(tmp.name) / "repo", tokenizer=tok) if args.repo else None
     cost = cost_model(args.cost, header)
@@ -60,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
 
     times: dict[str, list[float]] = defaultdict(list)
     drafter = Drafter(make_sources(args.policy, corpus=corpus, repository=repo))
-    for s, _ in drafter.sources:
-        s.propose = _timed(f"propose {s.name}", s.propose, times)
-    for name in ("mix", "rank_nodes", "best_size", "flatten"):
+    for s, _ in drafter.sources:  # the drafter asks for rows (`propose_rows`)
+        s.propose_rows = _timed(f"propose {s.name}", s.propose_rows, times)
+    for name in ("mix_rows", "rank_nodes", "best_size", "flatten"):
         setattr(drafter_mod, name, _timed(name, getattr(drafter_mod, name), times))
     drafter.acceptance.estimate = _timed("estimate", drafter.acceptance.estimate, times)
-    keys = [f"propose {s.name}" for s, _ in drafter.sources] + ["mix", "estimate", "rank_nodes", "best_size",
+    keys = [f"propose {s.name}" for s, _ in drafter.sources] + ["mix_rows", "estimate", "rank_nodes", "best_size",
                                                                "flatten"]
     draft = drafter.draft
 

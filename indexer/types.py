@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Continuation:
@@ -30,6 +32,37 @@ class SearchResult:
     match_len: int  # longest context suffix found (0: none)
     count: int  # occurrences of that suffix over all shards (exact, not sampled)
     continuations: list[Continuation] = field(default_factory=list)  # distinct, heaviest first
+
+
+class SearchRows:
+    """A search's answer as arrays, for the drafter (rest_lsp/engine): no object per continuation.
+
+    rows [u, max_len] int64 token ids, padded with -1 after each continuation's end; counts [u] int64;
+    weights [u] float64; heaviest first, as `SearchResult.continuations`. The arrays are read-only: a cached
+    answer is shared by every caller."""
+
+    __slots__ = ("match_len", "count", "rows", "counts", "weights", "_result")
+
+    def __init__(self, match_len: int, count: int, rows: np.ndarray, counts: np.ndarray, weights: np.ndarray):
+        self.match_len, self.count = match_len, count
+        self.rows, self.counts, self.weights = rows, counts, weights
+        for a in (rows, counts, weights):
+            a.flags.writeable = False
+        self._result: SearchResult | None = None
+
+    @classmethod
+    def empty(cls, match_len: int = 0, count: int = 0, max_len: int = 0) -> "SearchRows":
+        return cls(match_len, count, np.full((0, max(0, max_len)), -1, dtype=np.int64), np.zeros(0, np.int64),
+                   np.zeros(0))
+
+    def result(self) -> SearchResult:
+        """The same answer as Continuation objects (built once per answer)."""
+        if self._result is None:
+            lengths = (self.rows >= 0).sum(axis=1).tolist()
+            conts = [make_continuation(tuple(r[:ln]), c, w) for r, ln, c, w in
+                     zip(self.rows.tolist(), lengths, self.counts.tolist(), self.weights.tolist())]
+            self._result = SearchResult(self.match_len, self.count, conts)
+        return self._result
 
 
 class IndexerError(Exception):

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .trie import TokenTrie
+from .trie import TokenTrie, along_paths
 
 DEFAULT_LR = 0.02  # best of 0.005-0.1 in the 20-prompt HumanEval replay (docs/engine.md)
 _EPS = 1e-4
@@ -38,10 +38,18 @@ def features(trie: TokenTrie) -> np.ndarray:
     mass = trie.mass
     # the trie's conditional estimate; under the root it is the absolute mass (unclaimed shares stay doubt)
     cond = np.clip(mass / np.where(parents == 0, 1.0, np.maximum(mass[parents], 1e-12)), _EPS, 1 - _EPS)
-    cols = [frac, frac * strength, present.astype(np.float64),
-            np.ones((len(trie), 1)), (depths == 1)[:, None], (depths == 2)[:, None], (depths >= 4)[:, None],
-            (present.sum(axis=1) >= 2)[:, None], np.log(cond / (1 - cond))[:, None]]
-    return np.hstack([np.asarray(c, dtype=np.float64).reshape(len(trie), -1) for c in cols])
+    n_src = smass.shape[1]
+    x = np.empty((len(trie), 3 * n_src + 6))  # filled column block by column block: no per-column arrays
+    x[:, :n_src] = frac
+    np.multiply(frac, strength, out=x[:, n_src:2 * n_src])
+    x[:, 2 * n_src:3 * n_src] = present
+    x[:, 3 * n_src] = 1.0
+    x[:, 3 * n_src + 1] = depths == 1
+    x[:, 3 * n_src + 2] = depths == 2
+    x[:, 3 * n_src + 3] = depths >= 4
+    x[:, 3 * n_src + 4] = present.sum(axis=1) >= 2
+    x[:, 3 * n_src + 5] = np.log(cond / (1 - cond))
+    return x
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -75,12 +83,8 @@ class AcceptanceModel:
             self.weights = np.zeros(x.shape[1])
             self.weights[-1] = 1.0  # start as the trie's own estimate
         cond = _sigmoid(x @ self.weights)
-        parents, depths = trie.parents, trie.depths
-        est = np.ones(len(trie))
-        at = np.searchsorted(depths, np.arange(int(depths[-1]) + 2))  # ids go depth by depth
-        for d in range(1, int(depths[-1]) + 1):
-            lo, hi = at[d], at[d + 1]
-            est[lo:hi] = est[parents[lo:hi]] * cond[lo:hi]
+        cond[0] = 1.0
+        est = along_paths(trie, cond, np.multiply)  # the product of the conditionals down each path
         if self.lr > 0 and self._output:
             self._pending.append((len(self._output) - 1, trie, x))
         return est

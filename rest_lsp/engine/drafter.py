@@ -19,8 +19,15 @@ from .acceptance import DEFAULT_LR, AcceptanceModel
 from .cost import Calibration, CostModel, best_size
 from .sources import DraftSource
 from .tree import DraftTree, flatten, rank_nodes
-from .trie import TokenTrie, match_strength, mix
-from .vocab import clip_to_vocab
+from .trie import TokenTrie, match_strength, mix_rows, padded_rows
+from .vocab import clip_rows
+
+
+def propose_rows(source: DraftSource, context: Sequence[int], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """A source's continuations as (rows [C, L] padded with -1, weights [C]); a source that only has
+    `propose` (duck-typed, not a DraftSource subclass) is padded here."""
+    rows_of = getattr(source, "propose_rows", None)
+    return rows_of(context, max_len) if rows_of is not None else padded_rows(source.propose(context, max_len))
 
 
 class Drafter:
@@ -63,11 +70,11 @@ class Drafter:
         """Every source's continuations of the context, mixed by share into one trie."""
         proposals = []
         for source, share in self.sources:
-            conts = source.propose(context, self.draft_len)
+            rows, weights = propose_rows(source, context, self.draft_len)
             if self.vocab_size is not None:
-                conts = clip_to_vocab(conts, self.vocab_size)
-            proposals.append((source.name, share, match_strength(source.last_match_len), conts))
-        self.last_trie = mix(context[-1], proposals)
+                rows, weights = clip_rows(rows, weights, self.vocab_size)
+            proposals.append((source.name, share, match_strength(source.last_match_len), rows, weights))
+        self.last_trie = mix_rows(context[-1], proposals)
         return self.last_trie
 
     def covered(self, truth: Sequence[int]) -> int:

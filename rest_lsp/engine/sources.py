@@ -7,14 +7,21 @@
 - `PaperSource`: REST as published (the baseline `rest-lsp bench` compares with).
 
 Each returns weighted continuations; the drafter (rest_lsp/engine/drafter.py) normalises them per source and
-mixes the sources by share (rest_lsp/engine/policy.py). `last_match_len` (the context suffix a source matched;
+mixes the sources by share (rest_lsp/engine/policy.py). The drafter asks for them as arrays (`propose_rows`: a
+padded [C, L] matrix and C weights), which the datastore, context and history sources build without a Python
+object per continuation or per token; `propose` is the same answer as tuples. `last_match_len` (the context suffix a source matched;
 None where that means nothing) lets the mixer trust long matches more than short ones.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from .trie import PAD, padded_rows, row_tuples
+
+Rows = tuple[np.ndarray, np.ndarray]  # (rows [C, L] int64 padded with PAD after each end, weights [C] float64)
 
 
 @runtime_checkable
@@ -29,6 +36,10 @@ class DraftSource(Protocol):
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         """Continuations of the context with weights (any scale); the drafter normalises per source."""
         ...
+
+    def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
+        """`propose` as arrays: what the drafter calls. Sources that can build the rows directly override it."""
+        return padded_rows(self.propose(context, max_len))
 
     def begin(self, context: Sequence[int]) -> None:
         """A generation starts (or resumes) after `context`; what `observe` appends continues it."""
@@ -49,13 +60,21 @@ def suffix_matches(
     Only places with at least one following token count; the longest (then latest) `limit` are kept.
     exclude_end: text ends with query itself (searching the context in itself), so skip that trivial match.
     """
+    lengths, ends = suffix_match_arrays(text, query, n_max, limit, exclude_end)
+    return list(zip(lengths.tolist(), ends.tolist()))
+
+
+def suffix_match_arrays(text: np.ndarray, query: np.ndarray, n_max: int, limit: int,
+                        exclude_end: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """`suffix_matches` as arrays (lengths [m], ends [m]), longest then latest first."""
+    none = np.zeros(0, dtype=np.int64)
     if len(text) < 2 or len(query) == 0:
-        return []
+        return none, none
     ends = np.flatnonzero(text[:-1] == query[-1])  # positions where the last query token occurs
     if exclude_end:
         ends = ends[ends < len(text) - 1]
     if len(ends) == 0:
-        return []
+        return none, none
     lengths = np.ones(len(ends), dtype=np.int64)
     alive = np.arange(len(ends))  # candidates still matching: fewer and fewer, so each round costs less
     for k in range(1, min(n_max, len(query))):
@@ -67,7 +86,17 @@ def suffix_matches(
             break
         lengths[alive] += 1
     order = np.lexsort((-ends, -lengths))[:limit]  # longest first, then latest
-    return list(zip(lengths[order].tolist(), ends[order].tolist()))
+    return lengths[order], ends[order]
+
+
+def continuation_rows(text: np.ndarray, ends: np.ndarray, max_len: int) -> np.ndarray:
+    """[m, max_len] the tokens after each end position, padded with PAD past the text's end and from a
+    negative token on (a separator, HistorySource: never run into the next text)."""
+    idx = ends[:, None] + 1 + np.arange(max_len)[None, :]
+    rows = text[np.minimum(idx, len(text) - 1)]
+    cut = np.logical_or.accumulate((idx >= len(text)) | (rows < 0), axis=1)
+    rows[cut] = PAD
+    return rows
 
 
 def weight_for_match(n: int) -> float:
@@ -89,17 +118,27 @@ class _MatchingSource(DraftSource):
         raise NotImplementedError
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
-        query = np.asarray(context[-self.n_max :], dtype=np.int64)
-        found: list[tuple[int, tuple[int, ...]]] = []
-        for text, is_context in self._texts(np.asarray(context, dtype=np.int64)):
-            for n, end in suffix_matches(text, query, self.n_max, max_len, self.max_matches, is_context):
-                cont = text[end + 1 : end + 1 + max_len]
-                stop = np.flatnonzero(cont < 0)  # a separator (HistorySource): never run into the next text
-                found.append((n, tuple(int(t) for t in cont[: stop[0] if len(stop) else len(cont)])))
-        found.sort(key=lambda f: -f[0])
-        found = found[: self.max_matches]
-        self.last_match_len = found[0][0] if found else 0
-        return [(cont, weight_for_match(n)) for n, cont in found if cont]
+        return row_tuples(*self.propose_rows(context, max_len))
+
+    def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
+        ctx = np.asarray(context, dtype=np.int64)
+        query = ctx[-self.n_max:]
+        lengths, rows = [], []
+        for text, is_context in self._texts(ctx):
+            n, ends = suffix_match_arrays(text, query, self.n_max, self.max_matches, is_context)
+            if len(n):
+                lengths.append(n)
+                rows.append(continuation_rows(text, ends, max_len))
+        if not lengths:
+            self.last_match_len = 0
+            return np.full((0, max(0, max_len)), PAD, dtype=np.int64), np.zeros(0)
+        n = np.concatenate(lengths) if len(lengths) > 1 else lengths[0]
+        order = np.argsort(-n, kind="stable")[: self.max_matches]  # longest first; texts in order among equals
+        n = n[order]
+        rows = (np.concatenate(rows) if len(rows) > 1 else rows[0])[order]
+        self.last_match_len = int(n[0])
+        keep = rows[:, 0] != PAD if max_len > 0 else np.zeros(len(n), dtype=bool)
+        return rows[keep], (n[keep] * n[keep]).astype(np.float64)  # weight_for_match, per row
 
 
 class ContextSource(_MatchingSource):
@@ -196,25 +235,81 @@ class DatastoreSource(DraftSource):
         self.backoff = tuple(backoff)
         self.last_match_len: int | None = 0
 
-    def _search(self, context: Sequence[int], n_max: int, n_min: int, max_len: int):
+    def _search(self, context: Sequence[int], n_max: int, n_min: int, max_len: int) -> FoundRows:
         # limit: build only the heaviest continuations (the datastore's search takes it: indexer.store)
-        return self.datastore.search(context, n_max=n_max, n_min=n_min, k=self.k, max_len=max_len,
-                                     limit=self.max_continuations)
+        kw = dict(n_max=n_max, n_min=n_min, k=self.k, max_len=max_len, limit=self.max_continuations)
+        search_rows = getattr(self.datastore, "search_rows", None)
+        if search_rows is not None:
+            return search_rows(context, **kw)
+        return _as_rows(self.datastore.search(context, **kw), max_len)  # a datastore with `search` alone
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
+        return row_tuples(*self.propose_rows(context, max_len))
+
+    def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
         max_len = min(max_len, self.max_len) if self.max_len else max_len
         result = self._search(context, self.n_max, self.n_min, max_len)
         self.last_match_len = n = result.match_len
         levels = [(n, result)] + [(b, self._search(context, b, b, max_len))
                                   for b in self.backoff if self.n_min <= b < n]
-        merged: dict[tuple[int, ...], float] = {}
-        for n_level, res in levels:
-            conts = [c for c in res.continuations[: self.max_continuations] if len(c.tokens)]  # heaviest first
-            total = sum(float(c.weight) for c in conts)
-            for c in conts if total > 0 else ():
-                key = tuple(int(t) for t in c.tokens)
-                merged[key] = merged.get(key, 0.0) + weight_for_match(n_level) * float(c.weight) / total
-        return list(merged.items())
+        return merge_levels(levels, self.max_continuations, max_len)
+
+
+class FoundRows(Protocol):
+    """What DatastoreSource reads of a search (indexer.types.SearchRows)."""
+
+    match_len: int
+    rows: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass
+class _Found:
+    """FoundRows of a datastore that answers `search` alone (the engine does not import the indexer)."""
+
+    match_len: int
+    rows: np.ndarray
+    weights: np.ndarray
+
+
+def _as_rows(result, max_len: int) -> _Found:
+    """A SearchResult (Continuation objects) as rows."""
+    conts = [c for c in result.continuations if len(c.tokens)]
+    rows, weights = padded_rows([(c.tokens, float(c.weight)) for c in conts], width=max_len)
+    return _Found(result.match_len, rows, weights)
+
+
+def merge_levels(levels: Sequence[tuple[int, FoundRows]], max_continuations: int, max_len: int) -> Rows:
+    """One row per distinct continuation over the match levels [(n, search rows)]: each level's heaviest
+    `max_continuations` normalised to sum 1 and weighted n^2 (`weight_for_match`), a continuation found at
+    several levels summing its parts. Rows come in the order first seen (level by level, heaviest first)."""
+    out_rows: np.ndarray | None = None
+    out_w: np.ndarray | None = None
+    for n_level, res in levels:
+        rows, w = res.rows[:max_continuations], res.weights[:max_continuations]
+        if rows.shape[1] == 0:
+            continue
+        keep = rows[:, 0] != PAD
+        if not keep.all():
+            rows, w = rows[keep], w[keep]
+        total = sum(w.tolist())  # in order, as a Python sum: the same float as summing the weights one by one
+        if not total > 0:
+            continue
+        part = float(weight_for_match(n_level)) * w / total
+        if out_rows is None:
+            out_rows, out_w = rows, part
+            continue
+        # each level's rows are distinct: a row equals at most one row found before
+        same = (rows[:, None, :] == out_rows[None, :, :]).all(axis=2)  # [new, old]
+        seen = same.any(axis=1)
+        if seen.any():
+            out_w = out_w.copy()
+            np.add.at(out_w, same[seen].argmax(axis=1), part[seen])
+        out_rows = np.concatenate([out_rows, rows[~seen]])
+        out_w = np.concatenate([out_w, part[~seen]])
+    if out_rows is None:
+        return np.full((0, max(0, max_len)), PAD, dtype=np.int64), np.zeros(0)
+    return out_rows, out_w
 
 
 class RecyclingSource(DraftSource):
@@ -290,6 +385,16 @@ class RecyclingSource(DraftSource):
 
         expand((), 1.0, 0)
         return out
+
+    def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
+        # a handful of short paths: padded in Python and converted once (padded_rows' several numpy calls
+        # cost more than the tuples themselves here)
+        conts = self.propose(context, max_len)
+        if not conts:
+            return np.zeros((0, 0), dtype=np.int64), np.zeros(0)
+        width = max(len(t) for t, _ in conts)
+        rows = np.array([t + (PAD,) * (width - len(t)) for t, _ in conts], dtype=np.int64)
+        return rows, np.array([w for _, w in conts], dtype=np.float64)
 
 
 # A generic corpus's continuations are cut at 6 tokens: on the 144 HumanEval prompts not benchmarked (a

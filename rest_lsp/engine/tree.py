@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .trie import TokenTrie
+from .trie import TokenTrie, along_paths
 
 
 @dataclass
@@ -64,11 +64,7 @@ def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | np.ndar
     n = len(trie)
     if n <= 1 or max_nodes <= 0:
         return []
-    s = np.array(trie.mass if score is None else score, dtype=np.float64)
-    parents, depths = trie.parents, trie.depths
-    for d in range(2, int(depths[-1]) + 1):  # ids go depth by depth: depth d is one run of ids
-        lo, hi = np.searchsorted(depths, d), np.searchsorted(depths, d, side="right")
-        np.minimum(s[lo:hi], s[parents[lo:hi]], out=s[lo:hi])
+    s = along_paths(trie, trie.mass if score is None else score, np.minimum)  # clamped to every ancestor's
     order = np.lexsort((np.arange(1, n), -s[1:]))[:max_nodes] + 1
     return order.tolist()
 

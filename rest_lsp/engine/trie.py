@@ -10,6 +10,8 @@ The trie is built with array operations, not per token: the continuations of all
 up to 10 tokens each) go into one padded matrix, sorted lexicographically; a node is a distinct prefix, so
 it starts where a row first differs from the row above. Nodes are numbered depth by depth, in row order,
 which puts every parent before its children and the children of a node in one run of ids, tokens ascending.
+The trie keeps each row's path (`paths`: the node at every depth of every row), so what accumulates along
+paths (the acceptance estimate, the ranking's clamp) is one cumulative operation over it, not a loop.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-_PAD = -1
+PAD = _PAD = -1  # after a continuation's last token in a padded row
 
 
 class TokenTrie:
@@ -28,18 +30,20 @@ class TokenTrie:
     Per node (arrays of N): `tokens`, `parents` (-1 for the root), `depths`, `mass` (the estimate), `smass`
     ([N, sources]: each source's part of the mass), `source_index` (the source of the heaviest continuation
     through the node; -1 for the root), `first_child` / `n_children` (the children are ids first_child ..
-    first_child + n_children - 1, tokens ascending)."""
+    first_child + n_children - 1, tokens ascending), `paths` ([L, C]: the node at depth d + 1 of sorted row c,
+    0 past the row's end; None when built otherwise)."""
 
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
         self.names = list(names)  # the sources, in the order of `smass`'s columns
         self.strengths = list(strengths) or [1.0] * len(self.names)
         self._set(np.array([root_token], dtype=np.int64), np.array([-1], dtype=np.int64),
                   np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros((1, len(self.names))),
-                  np.array([-1], dtype=np.int64))
+                  np.array([-1], dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
 
-    def _set(self, tokens, parents, depths, mass, smass, source_index) -> None:
+    def _set(self, tokens, parents, depths, mass, smass, source_index, paths=None) -> None:
         self.tokens, self.parents, self.depths = tokens, parents, depths
         self.mass, self.smass, self.source_index = mass, smass, source_index
+        self.paths = paths
         # parents are non-decreasing in id order (depth by depth, rows in order): children are one run of ids
         ids = np.arange(len(tokens))
         self.first_child = np.searchsorted(parents[1:], ids, side="left") + 1
@@ -93,59 +97,89 @@ class TokenTrie:
         order = np.lexsort(rows.T[::-1])  # lexicographic; stable, so equal rows keep their order
         rows, weights, sources = rows[order], weights[order], sources[order]
         width = rows.shape[1]
-        valid = rows != _PAD  # [C, L]: padding only follows a row's end
         # first column where each row differs from the one above (the first row differs everywhere)
         differs = np.zeros(n_rows, dtype=np.int64)
         if n_rows > 1:
             neq = rows[1:] != rows[:-1]
             differs[1:] = np.where(neq.any(axis=1), neq.argmax(axis=1), width)
-        new = valid & (np.arange(width)[None, :] >= differs[:, None])  # [C, L] a node starts at this cell
-        # ids depth by depth, then row by row: the transposed cells in order
-        new_t = new.T
-        n_new = int(new_t.sum())
-        ids_t = np.where(new_t, np.cumsum(new_t.ravel()).reshape(new_t.shape), 0)
-        node_t = np.maximum.accumulate(ids_t, axis=1)  # [L, C]: a cell's node (rows under a node share it)
-        d_idx, r_idx = np.nonzero(new_t)
+        # the cells holding a token, depth by depth, row by row (padding only follows a row's end); a node
+        # starts at a cell where its row differs from the row above, so numbering those cells in this order
+        # numbers the nodes depth by depth, and each node's cells are one run (its rows are adjacent)
+        cell_d, cell_r = np.nonzero((rows != _PAD).T)
+        is_new = cell_d >= differs[cell_r]
+        cell_node = np.cumsum(is_new)  # every depth's first cell starts a node: ids 1..n_new
+        starts = np.flatnonzero(is_new)
+        new_d, new_r = cell_d[starts], cell_r[starts]
+        n_new = len(starts)
+        paths = np.zeros((width, n_rows), dtype=np.int64)
+        paths[cell_d, cell_r] = cell_node
         parents = np.empty(n_new + 1, dtype=np.int64)
         parents[0] = -1
-        parents[1:] = np.where(d_idx == 0, 0, node_t[np.maximum(d_idx - 1, 0), r_idx])
+        parents[1:] = paths[new_d - 1, new_r]
+        parents[1:][new_d == 0] = 0
         tokens = np.empty(n_new + 1, dtype=np.int64)
         tokens[0] = root_token
-        tokens[1:] = rows.T[new_t]
-        depths = np.concatenate(([0], d_idx + 1))
-        # the mass of a node: the weights of the rows through it (the root: all of them)
-        cell_node = node_t.T[valid]  # [cells] row-major: row by row, depth by depth
-        cell_row = np.nonzero(valid)[0]
-        cell_w = weights[cell_row]
+        tokens[1:] = rows[new_r, new_d]
+        depths = np.concatenate(([0], new_d + 1))
+        # the mass of a node: the weights of the rows through it (the root: all of them), in row order
+        cell_w = weights[cell_r]
         mass = np.bincount(cell_node, weights=cell_w, minlength=n_new + 1)
         mass[0] = weights.sum()
         smass = np.zeros((n_new + 1, n_src))
         if n_src:
-            smass = np.bincount(cell_node * n_src + sources[cell_row], weights=cell_w,
+            smass = np.bincount(cell_node * n_src + sources[cell_r], weights=cell_w,
                                 minlength=(n_new + 1) * n_src).reshape(n_new + 1, n_src)
             smass[0] = np.bincount(sources, weights=weights, minlength=n_src)
         # each node's source: its heaviest row's; among equal weights the row given first (`order`)
-        pick = np.lexsort((order[cell_row], -cell_w, cell_node))
-        first = np.ones(len(pick), dtype=bool)
-        first[1:] = cell_node[pick][1:] != cell_node[pick][:-1]
-        source_index = np.full(n_new + 1, -1, dtype=np.int64)
-        source_index[cell_node[pick][first]] = sources[cell_row[pick][first]]
-        trie._set(tokens, parents, depths, mass, smass, source_index)
+        best_first = np.lexsort((order, -weights))  # rows, best first
+        rank = np.empty(n_rows, dtype=np.int64)
+        rank[best_first] = np.arange(n_rows)
+        source_index = np.empty(n_new + 1, dtype=np.int64)
+        source_index[0] = -1
+        source_index[1:] = sources[best_first[np.minimum.reduceat(rank[cell_r], starts)]]
+        trie._set(tokens, parents, depths, mass, smass, source_index, paths)
         return trie
 
 
-def padded_rows(conts: Sequence[tuple[Sequence[int], float]]) -> tuple[np.ndarray, np.ndarray]:
-    """[(tokens, weight)] -> (rows [C, L] padded with -1, weights [C]), in one pass over the tokens."""
+def along_paths(trie: TokenTrie, values: np.ndarray, accumulate) -> np.ndarray:
+    """[N] `accumulate` (np.multiply, np.minimum) of `values` along each node's path from depth 1 down to
+    the node, the root's value kept: one cumulative operation over the trie's rows, in path order (the same
+    floats as going depth by depth)."""
+    paths = trie.paths
+    out = np.array(values, dtype=np.float64)
+    if paths is None:  # a trie built otherwise: depth by depth (ids go depth by depth, parents first)
+        for d in range(2, int(trie.depths[-1]) + 1 if len(trie) else 0):
+            lo, hi = np.searchsorted(trie.depths, d), np.searchsorted(trie.depths, d, side="right")
+            out[lo:hi] = accumulate(out[trie.parents[lo:hi]], out[lo:hi])
+        return out
+    if paths.size:
+        root = out[0]
+        out[paths] = accumulate.accumulate(out[paths], axis=0)  # cells past a row's end write the root...
+        out[0] = root  # ...which keeps its own value
+    return out
+
+
+def padded_rows(conts: Sequence[tuple[Sequence[int], float]], width: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """[(tokens, weight)] -> (rows [C, L] padded with -1, weights [C]), in one pass over the tokens.
+    width: L (at least the longest continuation); default the longest continuation's length."""
     lengths = np.fromiter((len(t) for t, _ in conts), dtype=np.int64, count=len(conts))
     weights = np.fromiter((w for _, w in conts), dtype=np.float64, count=len(conts))
     total = int(lengths.sum())
-    rows = np.full((len(conts), int(lengths.max()) if len(conts) else 0), _PAD, dtype=np.int64)
+    longest = int(lengths.max()) if len(conts) else 0
+    rows = np.full((len(conts), max(longest, width or 0)), _PAD, dtype=np.int64)
     if total:
         flat = np.fromiter(chain.from_iterable(t for t, _ in conts), dtype=np.int64, count=total)
         row = np.repeat(np.arange(len(conts)), lengths)
         col = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         rows[row, col] = flat
     return rows, weights
+
+
+def row_tuples(rows: np.ndarray, weights: np.ndarray) -> list[tuple[tuple[int, ...], float]]:
+    """(rows, weights) -> [(tokens, weight)]: padded_rows undone."""
+    lengths = (rows != _PAD).sum(axis=1).tolist()
+    return [(tuple(r[:n]), w) for r, n, w in zip(rows.tolist(), lengths, weights.tolist())]
 
 
 def match_strength(match_len: int | None) -> float:
@@ -167,20 +201,28 @@ def mix(
     Shares should sum to at most 1 over the configured sources: a source with nothing to say leaves
     its share unclaimed, which keeps the root mass (and every estimate below it) honest.
     """
+    return mix_rows(root_token, [(name, share, strength, *padded_rows(conts))
+                                 for name, share, strength, conts in proposals])
+
+
+def mix_rows(root_token: int,
+             proposals: Iterable[tuple[str, float, float, np.ndarray, np.ndarray]]) -> TokenTrie:
+    """`mix` from (source name, share, strength, rows [C, L] padded with -1, weights [C]) per source: the
+    drafter's path (the sources' `propose_rows`)."""
     proposals = list(proposals)
     names, strengths = [p[0] for p in proposals], [p[2] for p in proposals]
     parts_rows, parts_w, parts_s = [], [], []
-    for s, (_, share, strength, conts) in enumerate(proposals):
-        if share <= 0 or strength <= 0 or not conts:
+    for s, (_, share, strength, rows, w) in enumerate(proposals):
+        if share <= 0 or strength <= 0 or not len(w):
             continue
-        rows, w = padded_rows(conts)
         keep = (w > 0) & (rows[:, 0] != _PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
-        total = w[keep].sum()
+        all_kept = keep.all()
+        total = (w if all_kept else w[keep]).sum()
         if total <= 0:
             continue
-        parts_rows.append(rows[keep])
-        parts_w.append(w[keep] * (share * strength / total))
-        parts_s.append(np.full(int(keep.sum()), s, dtype=np.int64))
+        parts_rows.append(rows if all_kept else rows[keep])
+        parts_w.append((w if all_kept else w[keep]) * (share * strength / total))
+        parts_s.append(np.full(len(parts_w[-1]), s, dtype=np.int64))
     if not parts_rows:
         return TokenTrie(root_token, names, strengths)
     width = max(r.shape[1] for r in parts_rows)

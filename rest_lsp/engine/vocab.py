@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -40,6 +41,17 @@ def clip_to_vocab(proposals: Sequence[tuple[Sequence[int], float]], vocab_size: 
         if kept:
             out.append((tuple(kept), weight))
     return out
+
+
+def clip_rows(rows: np.ndarray, weights: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`clip_to_vocab` for padded rows (-1 after each end): each row cut before its first id outside
+    [0, vocab_size); emptied rows dropped."""
+    bad = (rows >= vocab_size) | (rows < -1)
+    if not bad.any():
+        return rows, weights
+    rows = np.where(np.logical_or.accumulate(bad, axis=1), -1, rows)
+    keep = rows[:, 0] != -1
+    return rows[keep], weights[keep]
 
 
 class VocabIndex:

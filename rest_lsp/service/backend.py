@@ -58,6 +58,7 @@ class EngineBackend:
             try:
                 from indexer.store import Datastore
                 self.corpus = Datastore.open(Path(corpus_path).expanduser(), tokenizer=self.tokenizer_spec())
+                self.corpus.prefault()  # the first completions' searches would fault its pages in one by one
             except Exception as exc:  # noqa: BLE001 - completions work without the corpus
                 self.corpus_error = f"{type(exc).__name__}: {exc}"
                 log.warning("corpus datastore %s not used: %s", corpus_path, self.corpus_error)

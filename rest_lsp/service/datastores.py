@@ -67,3 +67,24 @@ class DatastoreSet:
             return top[0]
         conts = sorted((c for r in top for c in r.continuations), key=lambda c: -c.weight)
         return SearchResult(best, sum(r.count for r in top), conts)
+
+    def search_rows(self, context: Sequence[int], **kw):
+        """`search` as arrays (indexer.types.SearchRows), what the drafter's DatastoreSource reads: the same
+        answer without a Continuation object per continuation."""
+        import numpy as np
+
+        from indexer.types import SearchRows
+
+        with self._lock:
+            stores = list(self._stores.values())
+        results = [r for r in (s.search_rows(context, **kw) for s in stores) if r.match_len > 0]
+        if not results:
+            return SearchRows.empty(max_len=kw.get("max_len", 10))
+        best = max(r.match_len for r in results)
+        top = [r for r in results if r.match_len == best]
+        if len(top) == 1:
+            return top[0]
+        weights = np.concatenate([r.weights for r in top])
+        order = np.argsort(-weights, kind="stable")  # heaviest first, store by store among equals (as `search`)
+        return SearchRows(best, sum(r.count for r in top), np.concatenate([r.rows for r in top])[order],
+                          np.concatenate([r.counts for r in top])[order], weights[order])

@@ -206,3 +206,19 @@ def test_search_cache_evicts_the_least_recently_used(monkeypatch):
     ds.search([1, 2])
     ds.search([1, 2])
     assert calls[-2:] == [[1, 2], [1, 2]]
+
+
+def test_prefault_maps_an_on_disk_shard_and_changes_no_answer(tmp_path):
+    """Datastore.prefault / Shard.prefault: a hint that maps the shard's pages; searches answer the same."""
+    from indexer.shard import _mapping_of, write_shard
+
+    arr, _ = join_documents([[1, 2, 3, 4, 1, 2, 5], [2, 3, 9]], 2)
+    meta, _ = write_shard(tmp_path, "s1", "corpus", arr, 2)
+    sh = Shard.load(tmp_path, meta, 2)
+    assert _mapping_of(sh.tb) is not None and _mapping_of(sh.sa) is not None  # both files are mmaps
+    before = [sh.find(sh.encode(np.array(p))) for p in ([1, 2], [2, 3], [7])]
+    sh.prefault()
+    assert [sh.find(sh.encode(np.array(p))) for p in ([1, 2], [2, 3], [7])] == before
+    ds = _with_shards(_store(), [sh])
+    assert ds.prefault() >= 0 and ds.search([1, 2]).match_len == 2
+    assert _store().prefault() >= 0  # live shards only: nothing to map
