@@ -12,8 +12,9 @@ Latency first (docs/daemon.md):
   first line (or words) as soon as the prompt budget and predict budget allow, never empty for want of time
   once a visible token is decided; the prediction keeps decoding in the background (up to the block's end) and
   a finished prediction that was shown is followed by one as if its text were accepted;
-- while the person types, each edit extends the document's KV cache at the cursor at low priority, so the
-  next request has little prompt left to compute;
+- while the person types, each edit extends the document's KV cache at the cursor at low priority and goes
+  on decoding from there (`predict_while_typing`), so the next request has little prompt left to compute and
+  usually finds its suggestion decided;
 - budgets start when the model can work (a request made while it loads is answered after the load).
 
 `backend_factory(config, repository) -> Backend` runs on the inference thread (rest_lsp/service/backend.py).
