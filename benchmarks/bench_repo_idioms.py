@@ -216,12 +216,13 @@ class Workspace:
                                                filters=Filters(exclude_paths=(rel,)))
         return self.stores[rel]
 
-    def search(self, *a, **kw):
+    def search_rows(self, context, **kw):
+        """What the drafter's DatastoreSource asks: the current record's store answers."""
         if self.current is None:  # no indexed folder: the daemon's empty DatastoreSet
-            from indexer.types import SearchResult
+            from indexer.types import SearchRows
 
-            return SearchResult(0, 0, [])
-        return self.current.search(*a, **kw)
+            return SearchRows.empty(max_len=kw.get("max_len", 10))
+        return self.current.search_rows(context, **kw)
 
     def prepare(self, rec, drafter, indexed: bool = True, document: str = "repository") -> None:
         """Before a record: its file's store, and the document as the open buffer of the source that would

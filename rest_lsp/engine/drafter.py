@@ -19,15 +19,8 @@ from .acceptance import DEFAULT_LR, AcceptanceModel
 from .cost import Calibration, CostModel, best_size
 from .sources import DraftSource
 from .tree import DraftTree, flatten, rank_nodes
-from .trie import TokenTrie, match_strength, mix_rows, padded_rows
+from .trie import TokenTrie, match_strength, mix_rows
 from .vocab import clip_rows
-
-
-def propose_rows(source: DraftSource, context: Sequence[int], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """A source's continuations as (rows [C, L] padded with -1, weights [C]); a source that only has
-    `propose` (duck-typed, not a DraftSource subclass) is padded here."""
-    rows_of = getattr(source, "propose_rows", None)
-    return rows_of(context, max_len) if rows_of is not None else padded_rows(source.propose(context, max_len))
 
 
 class Drafter:
@@ -70,7 +63,7 @@ class Drafter:
         """Every source's continuations of the context, mixed by share into one trie."""
         proposals = []
         for source, share in self.sources:
-            rows, weights = propose_rows(source, context, self.draft_len)
+            rows, weights = source.propose_rows(context, self.draft_len)  # [C, L] padded with -1, [C]
             if self.vocab_size is not None:
                 rows, weights = clip_rows(rows, weights, self.vocab_size)
             proposals.append((source.name, share, match_strength(source.last_match_len), rows, weights))

@@ -14,7 +14,6 @@ None where that means nothing) lets the mixer trust long matches more than short
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -222,7 +221,7 @@ class DatastoreSource(DraftSource):
     step (docs/engine.md). k: occurrences sampled per level, spread evenly over the match range; 256 keeps the
     same heavy continuations as 5,000 at a fifth of the time (the reference code's 5,000 stays in `paper`).
     max_len: continuations at most this long (None: the engine's draft length); the corpus uses
-    CORPUS_MAX_LEN.
+    CORPUS_MAX_LEN. datastore: anything with indexer's `search_rows` (a Datastore, the service's DatastoreSet).
     """
 
     def __init__(self, datastore, name: str = "corpus", n_max: int = 16, n_min: int = 2, k: int = 256,
@@ -237,11 +236,8 @@ class DatastoreSource(DraftSource):
 
     def _search(self, context: Sequence[int], n_max: int, n_min: int, max_len: int) -> FoundRows:
         # limit: build only the heaviest continuations (the datastore's search takes it: indexer.store)
-        kw = dict(n_max=n_max, n_min=n_min, k=self.k, max_len=max_len, limit=self.max_continuations)
-        search_rows = getattr(self.datastore, "search_rows", None)
-        if search_rows is not None:
-            return search_rows(context, **kw)
-        return _as_rows(self.datastore.search(context, **kw), max_len)  # a datastore with `search` alone
+        return self.datastore.search_rows(context, n_max=n_max, n_min=n_min, k=self.k, max_len=max_len,
+                                          limit=self.max_continuations)
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         return row_tuples(*self.propose_rows(context, max_len))
@@ -261,22 +257,6 @@ class FoundRows(Protocol):
     match_len: int
     rows: np.ndarray
     weights: np.ndarray
-
-
-@dataclass
-class _Found:
-    """FoundRows of a datastore that answers `search` alone (the engine does not import the indexer)."""
-
-    match_len: int
-    rows: np.ndarray
-    weights: np.ndarray
-
-
-def _as_rows(result, max_len: int) -> _Found:
-    """A SearchResult (Continuation objects) as rows."""
-    conts = [c for c in result.continuations if len(c.tokens)]
-    rows, weights = padded_rows([(c.tokens, float(c.weight)) for c in conts], width=max_len)
-    return _Found(result.match_len, rows, weights)
 
 
 def merge_levels(levels: Sequence[tuple[int, FoundRows]], max_continuations: int, max_len: int) -> Rows:

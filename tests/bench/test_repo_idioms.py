@@ -68,11 +68,11 @@ def test_prepare_puts_the_document_where_the_daemon_would(project, tiny_dir, tmp
     area = tok.encode("def area(w, h", add_special_tokens=False).ids
     full = min(len(marker), 16)
     if indexed:
-        assert ws.search(marker, n_max=16, n_min=2, k=8, max_len=4).match_len == full
+        assert ws.search_rows(marker, n_max=16, n_min=2, k=8, max_len=4).match_len == full
         # the held-out file only through the open document in the live shard
-        assert (ws.search(area, n_max=16, n_min=2, k=8, max_len=4).match_len == min(len(area), 16)) == live
+        assert (ws.search_rows(area, n_max=16, n_min=2, k=8, max_len=4).match_len == min(len(area), 16)) == live
     else:
-        assert ws.search(marker, n_max=16, n_min=2, k=8, max_len=4).match_len == 0  # an empty workspace set
+        assert ws.search_rows(marker, n_max=16, n_min=2, k=8, max_len=4).match_len == 0  # an empty workspace set
     ws.prepare(rec, drafter, True, "repository")  # the next record starts clean
     assert "edited" in store.live_names() and "edited" not in context.buffers
 

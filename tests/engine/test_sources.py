@@ -1,11 +1,13 @@
 """Draft sources: suffix matching, context and open buffers, history, the datastore wrapper, recycling."""
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from rest_lsp.engine import ContextSource, DatastoreSource, Engine, GenerationConfig, HistorySource, RecyclingSource
 from rest_lsp.engine.sources import suffix_matches
+from rest_lsp.engine.trie import padded_rows
 
 from ._models import plain_greedy, random_prompt, tiny_model
 
@@ -80,6 +82,12 @@ class FakeDatastore:
                 conts = [Continuation(c, m, float(m)) for c, m in sorted(found.items(), key=lambda x: -x[1])]
                 return SearchResult(n, sum(found.values()), conts)
         return SearchResult(0, 0, [])
+
+    def search_rows(self, context, *, max_len=10, **kw):
+        """`search` as padded rows, what DatastoreSource reads (indexer's SearchRows has the same fields)."""
+        r = self.search(context, max_len=max_len, **kw)
+        rows, weights = padded_rows([(c.tokens, c.weight) for c in r.continuations], width=max_len)
+        return SimpleNamespace(match_len=r.match_len, rows=rows, weights=weights)
 
 
 def test_datastore_source_wraps_search():
