@@ -586,6 +586,9 @@ class ScanShard:
 
     alpha = None
 
+    def prefault(self) -> None:
+        """Nothing to map: a live shard is in memory (Shard.prefault)."""
+
     def encode(self, ctx: np.ndarray) -> bytes:
         return ctx.astype(be_dtype(self.width)).tobytes()
 

@@ -151,9 +151,7 @@ class Datastore:
         the page cache). Returns the seconds it took."""
         t = time.perf_counter()
         for sh in self._snapshot:
-            prefault = getattr(sh, "prefault", None)
-            if prefault is not None:
-                prefault()
+            sh.prefault()
         return time.perf_counter() - t
 
     def close(self) -> None:
