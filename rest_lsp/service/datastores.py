@@ -53,24 +53,12 @@ class DatastoreSet:
         return True
 
     def search(self, context: Sequence[int], **kw):
-        from indexer.types import SearchResult
-
-        with self._lock:
-            stores = list(self._stores.values())
-        results = [s.search(context, **kw) for s in stores]
-        results = [r for r in results if r.match_len > 0]
-        if not results:
-            return SearchResult(0, 0, [])
-        best = max(r.match_len for r in results)
-        top = [r for r in results if r.match_len == best]
-        if len(top) == 1:
-            return top[0]
-        conts = sorted((c for r in top for c in r.continuations), key=lambda c: -c.weight)
-        return SearchResult(best, sum(r.count for r in top), conts)
+        """The longest match over every store (indexer.types.SearchResult): `search_rows` as objects."""
+        return self.search_rows(context, **kw).result()
 
     def search_rows(self, context: Sequence[int], **kw):
-        """`search` as arrays (indexer.types.SearchRows), what the drafter's DatastoreSource reads: the same
-        answer without a Continuation object per continuation."""
+        """The longest suffix match over every store (indexer.types.SearchRows), what the drafter's
+        DatastoreSource reads: the stores that match it longest, their continuations merged heaviest first."""
         import numpy as np
 
         from indexer.types import SearchRows
@@ -85,6 +73,6 @@ class DatastoreSet:
         if len(top) == 1:
             return top[0]
         weights = np.concatenate([r.weights for r in top])
-        order = np.argsort(-weights, kind="stable")  # heaviest first, store by store among equals (as `search`)
+        order = np.argsort(-weights, kind="stable")  # heaviest first; among equals store by store
         return SearchRows(best, sum(r.count for r in top), np.concatenate([r.rows for r in top])[order],
                           np.concatenate([r.counts for r in top])[order], weights[order])
