@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-from .int8row import Int8RowLinear
+from .int8row import Int8RowLinear, is_int8
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 SUPPORTED_ARCHS = ("qwen2", "llama")
@@ -300,7 +300,7 @@ class FastVerifier(SlotCache):
         self.max_positions = max_pos
         if screen and compiled:
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
-        if compiled and any(isinstance(m, Int8RowLinear) for m in model.modules()):
+        if compiled and is_int8(model):
             raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
