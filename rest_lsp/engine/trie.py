@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-PAD = _PAD = -1  # after a continuation's last token in a padded row
+PAD = -1  # after a continuation's last token in a padded row
 
 
 class TokenTrie:
@@ -31,7 +31,7 @@ class TokenTrie:
     ([N, sources]: each source's part of the mass), `source_index` (the source of the heaviest continuation
     through the node; -1 for the root), `first_child` / `n_children` (the children are ids first_child ..
     first_child + n_children - 1, tokens ascending), `paths` ([L, C]: the node at depth d + 1 of sorted row c,
-    0 past the row's end; None when built otherwise)."""
+    0 past the row's end)."""
 
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
         self.names = list(names)  # the sources, in the order of `smass`'s columns
@@ -40,7 +40,7 @@ class TokenTrie:
                   np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros((1, len(self.names))),
                   np.array([-1], dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
 
-    def _set(self, tokens, parents, depths, mass, smass, source_index, paths=None) -> None:
+    def _set(self, tokens, parents, depths, mass, smass, source_index, paths) -> None:
         self.tokens, self.parents, self.depths = tokens, parents, depths
         self.mass, self.smass, self.source_index = mass, smass, source_index
         self.paths = paths
@@ -105,7 +105,7 @@ class TokenTrie:
         # the cells holding a token, depth by depth, row by row (padding only follows a row's end); a node
         # starts at a cell where its row differs from the row above, so numbering those cells in this order
         # numbers the nodes depth by depth, and each node's cells are one run (its rows are adjacent)
-        cell_d, cell_r = np.nonzero((rows != _PAD).T)
+        cell_d, cell_r = np.nonzero((rows != PAD).T)
         is_new = cell_d >= differs[cell_r]
         cell_node = np.cumsum(is_new)  # every depth's first cell starts a node: ids 1..n_new
         starts = np.flatnonzero(is_new)
@@ -147,11 +147,6 @@ def along_paths(trie: TokenTrie, values: np.ndarray, accumulate) -> np.ndarray:
     floats as going depth by depth)."""
     paths = trie.paths
     out = np.array(values, dtype=np.float64)
-    if paths is None:  # a trie built otherwise: depth by depth (ids go depth by depth, parents first)
-        for d in range(2, int(trie.depths[-1]) + 1 if len(trie) else 0):
-            lo, hi = np.searchsorted(trie.depths, d), np.searchsorted(trie.depths, d, side="right")
-            out[lo:hi] = accumulate(out[trie.parents[lo:hi]], out[lo:hi])
-        return out
     if paths.size:
         root = out[0]
         out[paths] = accumulate.accumulate(out[paths], axis=0)  # cells past a row's end write the root...
@@ -167,7 +162,7 @@ def padded_rows(conts: Sequence[tuple[Sequence[int], float]], width: int | None 
     weights = np.fromiter((w for _, w in conts), dtype=np.float64, count=len(conts))
     total = int(lengths.sum())
     longest = int(lengths.max()) if len(conts) else 0
-    rows = np.full((len(conts), max(longest, width or 0)), _PAD, dtype=np.int64)
+    rows = np.full((len(conts), max(longest, width or 0)), PAD, dtype=np.int64)
     if total:
         flat = np.fromiter(chain.from_iterable(t for t, _ in conts), dtype=np.int64, count=total)
         row = np.repeat(np.arange(len(conts)), lengths)
@@ -178,7 +173,7 @@ def padded_rows(conts: Sequence[tuple[Sequence[int], float]], width: int | None 
 
 def row_tuples(rows: np.ndarray, weights: np.ndarray) -> list[tuple[tuple[int, ...], float]]:
     """(rows, weights) -> [(tokens, weight)]: padded_rows undone."""
-    lengths = (rows != _PAD).sum(axis=1).tolist()
+    lengths = (rows != PAD).sum(axis=1).tolist()
     return [(tuple(r[:n]), w) for r, n, w in zip(rows.tolist(), lengths, weights.tolist())]
 
 
@@ -215,7 +210,7 @@ def mix_rows(root_token: int,
     for s, (_, share, strength, rows, w) in enumerate(proposals):
         if share <= 0 or strength <= 0 or not len(w):
             continue
-        keep = (w > 0) & (rows[:, 0] != _PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
+        keep = (w > 0) & (rows[:, 0] != PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
         all_kept = keep.all()
         total = (w if all_kept else w[keep]).sum()
         if total <= 0:
@@ -226,7 +221,7 @@ def mix_rows(root_token: int,
     if not parts_rows:
         return TokenTrie(root_token, names, strengths)
     width = max(r.shape[1] for r in parts_rows)
-    rows = np.full((sum(len(r) for r in parts_rows), width), _PAD, dtype=np.int64)
+    rows = np.full((sum(len(r) for r in parts_rows), width), PAD, dtype=np.int64)
     at = 0
     for r in parts_rows:
         rows[at:at + len(r), : r.shape[1]] = r

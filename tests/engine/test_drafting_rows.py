@@ -147,8 +147,6 @@ def test_along_paths_equals_the_depth_by_depth_products(seed):
     for n in range(1, len(trie)):  # parents come first
         est[n] = est[trie.parents[n]] * cond[n]
     assert np.array_equal(along_paths(trie, cond, np.multiply), est)
-    trie.paths = None  # a trie without rows: the depth-by-depth fallback
-    assert np.array_equal(along_paths(trie, cond, np.multiply), est)
 
 
 def test_padded_rows_width_and_round_trip():
