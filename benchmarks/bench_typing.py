@@ -1,6 +1,6 @@
 """A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
 
-    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12] [--methods rest,plain]
+    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12] [--methods rest,plain[,ceiling]]
         [--no-cancel] [--no-cursor] [--set KEY=VALUE ...] [--json OUT]
 
 An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
@@ -19,7 +19,10 @@ and types on after it.
 Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
 rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
 p50/p95, characters typed vs accepted, server CPU seconds per typed character, model runs (started by keys,
-by requests, ahead), and the daemon's own figures.
+by requests, ahead), and the daemon's own figures. `--methods rest,plain,ceiling` adds a person who waits at
+each pause for the whole suggestion (the first line, or the block; `predictBudgetMs: 0`): every exact method
+shows the model's same greedy text, so what that person accepts is about the most any of them can save, and
+ceiling / plain is the headroom left for a faster method in this rhythm.
 """
 from __future__ import annotations
 
@@ -47,6 +50,13 @@ from report import pct, write_json  # noqa: E402
 
 DEBOUNCE_S = 0.150
 CURSOR_REST_S = 0.250
+PATIENCE_S = 10.0
+START_S = 1.0
+# A person who waits at every pause for the whole suggestion (the first line, or the block): what the model's
+# greedy text would save with no time limit. Every exact method shows that same text, so no method accepts much
+# more than this in the same rhythm (a shorter suggestion can end where a longer one is cut back to a word
+# start): it is the headroom left above plain decoding.
+CEILING = {"draftBudget": None, "predictBudgetMs": 0}
 WORD = re.compile(r"\w")
 _ids = itertools.count()
 
@@ -168,10 +178,10 @@ class Editor:
 
 
 async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict,
-                    trace: list | None = None) -> None:
+                    trace: list | None = None, patient: bool = False) -> None:
     line, col = body.line, body.indent
     ed.cursor(line, col)
-    await asyncio.sleep(1.0)  # the person moved here and starts typing
+    await asyncio.sleep(START_S)  # the person moved here and starts typing
     i, text = 0, body.text
     take = ""  # a suggestion part the person accepts as their next action
     while i < len(text):
@@ -232,6 +242,8 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         if cursor_msgs and gap > CURSOR_REST_S:
             tasks.append(asyncio.ensure_future(rest_cursor()))
         await asyncio.sleep(max(0.0, gap - (time.perf_counter() - t_key)))
+        if patient and tasks:  # the pause lasts until the answer is there
+            await asyncio.wait(tasks[:1], timeout=PATIENCE_S)
         if shown:
             tally["shown"] += 1
             tally["shown_latency"].append(shown["latency"])
@@ -245,7 +257,7 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
     tally["typeable"] += sum(body.typed_mask)
 
 
-async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path) -> dict:
+async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path, patient: bool = False) -> dict:
     server = Server(log_dir / name)
     await server.start()
     t0 = time.perf_counter()
@@ -267,7 +279,7 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
         for body in bodies:
             if n >= args.limit:
                 break
-            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally, trace)
+            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally, trace, patient)
             n += 1
             print(f"[{name}] body {n}: typed {tally['typed']}, accepted {tally['accepted']}, pauses {tally['pauses']}, "
                   f"shown {tally['shown']}", file=sys.stderr)
@@ -361,12 +373,13 @@ async def main_async(args) -> dict:
         ws, files = prepare(root, args.files, args.limit, args.seed, work)
         extra = dict(kv.split("=", 1) for kv in args.set)
         extra = {k: parse_value(v) for k, v in extra.items()}
-        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}}
+        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING}
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "methods": {}}
         for name in args.methods.split(","):
-            report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs")
+            report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs",
+                                                       patient=name == "ceiling")
         if not args.no_invoked:
             report["invoked"] = await invoked_checks(ws, root, {**methods["rest"], **extra}, work / "logs")
         return report
@@ -394,6 +407,9 @@ def table(report: dict) -> str:
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
+    if "ceiling" in m and "plain" in m and m["plain"]["chars_accepted"]:
+        out.append(f"characters accepted, ceiling / plain: {m['ceiling']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x "
+                   "(no exact method can accept more than the ceiling)")
     inv = report.get("invoked")
     if inv:
         w, o = inv["while_loading"], inv["opened_and_rested"]
@@ -409,7 +425,8 @@ def main(argv=None) -> int:
     p.add_argument("--project", default=DEFAULT_PROJECT)
     p.add_argument("--files", type=int, default=2, help="files whose bodies are typed")
     p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
-    p.add_argument("--methods", default="rest,plain")
+    p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), ceiling (a person who "
+                   "waits for each whole suggestion: about the most any exact method can save)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")

@@ -167,14 +167,21 @@ def block_end_cut(text: str, block_indent: int) -> int | None:
     return None
 
 
+def _whole_words(line: str) -> str:
+    """`line` up to its last space or punctuation: the words of a line still being decoded that are whole."""
+    m = re.search(r"^.*[\s\W]", line)
+    return m.group(0) if m else ""
+
+
 def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool) -> str:
     """Cut the model's text to what the editor should show.
 
     Single line: up to the first line break, without a trailing copy of the text after the cursor.
     Multi-line: at most max_lines, stopping before a line that repeats the next line of the suffix or that
     is indented less than the block the cursor is in (its line's indentation; one more after a block opener).
-    truncated (the time budget ran out mid-way): cut back to the last complete line; a single line is cut
-    back to its last word boundary.
+    truncated (the time budget ran out mid-way): the line still being decoded is cut back to its last word
+    boundary, on the first line as on a later one (a later one that has no word yet, or that is the start of
+    the code after the cursor, is left out).
     """
     bad = CONTROL.search(text)       # a control character (NUL, escape codes ...) is never code to insert
     if bad:
@@ -182,16 +189,17 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     if not ctx.multiline or (truncated and "\n" not in text):
         text = text.split("\n", 1)[0]
         if truncated:
-            m = re.search(r"^.*[\s\W]", text)   # up to the last space or punctuation
-            text = m.group(0) if m else ""
+            text = _whole_words(text)
         after = ctx.suffix.split("\n", 1)[0].strip()
         if after and text.rstrip().endswith(after):
             text = text.rstrip()[: -len(after)]
         return text.rstrip() if text.strip() else ""
     lines = text.split("\n")
-    if truncated and len(lines) > 1:
-        lines = lines[:-1]                    # the last line is incomplete
     stop = ctx.stop_text()
+    if truncated and len(lines) > 1:
+        last = _whole_words(lines[-1])        # the last line is incomplete: its words decided so far
+        keep = last.strip() and not (stop and stop.startswith(last.strip()))
+        lines[-1:] = [last.rstrip()] if keep else []
     end = block_end_cut("\n".join(lines), ctx.block_indent())
     if end is not None:                       # the block the cursor is in has ended
         lines = "\n".join(lines)[:end].split("\n")

@@ -49,3 +49,53 @@ def test_acceptable_cuts_at_a_word_boundary():
     assert T.acceptable("return totally", "return total_sum\n") == "return "  # not half a word
     assert T.acceptable("return tot", "return total\n") == "return tot"  # all of it matches: taken
     assert T.acceptable("x", "y") == ""
+
+
+class SlowEditor:
+    """An editor whose server answers every request with what is about to be typed, `delay` seconds late."""
+
+    def __init__(self, text: str, delay: float):
+        self.lines, self.version, self.delay, self.text = [""], 1, delay, text
+
+    def insert(self, line, col, text):
+        self.version += 1
+        cur = self.lines[line]
+        new = (cur[:col] + text + cur[col:]).split("\n")
+        self.lines[line:line + 1] = new
+        return line + len(new) - 1, len(new[-1]) - len(cur[col:])
+
+    def cursor(self, line, col):
+        pass
+
+    def cancel(self, msg_id):
+        pass
+
+    def request(self, line, col, msg_id):
+        import asyncio
+        from types import SimpleNamespace
+        typed = "\n".join(self.lines)
+        coming = self.text[len(typed):].split(" ")[0]
+
+        async def reply():
+            await asyncio.sleep(self.delay)
+            return SimpleNamespace(items=[SimpleNamespace(insert_text=coming)])
+        return asyncio.ensure_future(reply())
+
+
+def test_a_patient_person_waits_for_a_late_answer_and_an_impatient_one_does_not(monkeypatch):
+    import asyncio
+    import random
+    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.2 if ch == " " else 0.01)  # pauses after spaces
+    monkeypatch.setattr(T, "START_S", 0.0)
+    text = "alpha beta gamma delta"
+    body = T.Body(Path("x.py"), 0, 0, text)
+    tallies = {}
+    for patient in (False, True):
+        tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
+                 "shown_latency": [], "late": 0, "empty": 0}
+        asyncio.run(T.type_body(SlowEditor(text, delay=0.3), body, random.Random(0), True, False, tally,
+                                patient=patient))
+        tallies[patient] = tally
+    assert tallies[False]["shown"] == 0 and tallies[False]["accepted"] == 0  # each answer came after the next key
+    assert tallies[True]["shown"] == tallies[True]["pauses"] == 3
+    assert tallies[True]["accepted"] == len("beta") + len("gamma") + len("delta")

@@ -76,3 +76,19 @@ def test_forced_text_through_the_fast_verifiers(lm, kind):
     got = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=" if"))
     assert got.tokens == want and got.text.startswith(" if")
     assert want == reference(lm, prompt, " if", N)  # fp32: the same as the transformers model
+
+
+@pytest.mark.parametrize("text", [" ", "  ", " r", "re", "ret", " self", "x.it", "\n    "])
+def test_agreeing_ids_are_the_tokens_that_start_or_begin_the_text_asked_twice(lm, text):
+    from rest_lsp.engine.vocab import VocabIndex
+
+    tok = lm.tokenizer
+    vocab = VocabIndex(tok, lm.model.config.vocab_size)
+    special = set(tok.all_special_ids)
+    want = sorted(i for i, t in enumerate(tok.batch_decode([[i] for i in range(lm.model.config.vocab_size)],
+                                                          clean_up_tokenization_spaces=False))
+                  if i not in special and t and "\ufffd" not in t and (t.startswith(text) or text.startswith(t)))
+    assert want  # the tiny tokenizer has tokens for each of these texts
+    first, again = vocab.agreeing(text), vocab.agreeing(text)  # short texts are kept from the first time
+    assert first.tolist() == want and again.tolist() == want
+    assert first.dtype == torch.long

@@ -52,8 +52,14 @@ def test_shaping():
     out = shape_completion("x = 1\n    y = 2\n    return 1\n    z", multi, max_lines=8, truncated=False)
     assert out == "x = 1\n    y = 2"                         # stops before repeating the suffix's line
     assert shape_completion("a\n    b\n    c\n    d", multi, max_lines=2, truncated=False) == "a\n    b"
+    # the time budget ran out: the line being decoded keeps its whole words, on a later line too ...
     assert shape_completion("x = 1\n    y = 2\n    z = sq", multi, max_lines=8, truncated=True) == \
-        "x = 1\n    y = 2"                                   # time budget: cut back to a line boundary
+        "x = 1\n    y = 2\n    z ="
+    # ... and is left out when it has none yet, or when it is the start of the code after the cursor
+    assert shape_completion("x = 1\n    y = 2\n    zz", multi, max_lines=8, truncated=True) == "x = 1\n    y = 2"
+    assert shape_completion("x = 1\n    return 1 ", multi, max_lines=8, truncated=True) == "x = 1"
+    assert shape_completion("x = 1\n    return 2 ", multi, max_lines=8, truncated=True) == "x = 1\n    return 2"
+    assert shape_completion("x = 1\nprint(", multi, max_lines=8, truncated=True) == "x = 1"  # out of the block
     assert shape_completion("value_one + valu", build_context("x = ", 0, 4), max_lines=8, truncated=True) \
         == "value_one +"
     assert shape_completion("ok\x00\x01garbage", single, max_lines=8, truncated=False) == "ok"
