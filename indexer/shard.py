@@ -113,20 +113,42 @@ def _continuations(tok: np.ndarray, n_tok: int, sentinel: int, pos: np.ndarray, 
     `sort`): (rows [u, max_len] int64 padded with the sentinel past a document's end, lengths [u], counts [u])."""
     if pos.size == 0 or max_len <= 0:
         return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if not sort:
+        return _sorted_continuations(tok, sentinel, pos, n, max_len)
     idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]  # [p, max_len]
     np.minimum(idx, n_tok - 1, out=idx)  # the last token is a sentinel
     rows = tok[idx].astype(np.int64)
     after = np.maximum.accumulate(rows == sentinel, axis=1)  # at or past the document's end
     rows[after] = sentinel  # the sentinel is the largest value: token order is kept
-    if sort:
-        order = np.lexsort(rows.T[::-1])
-        rows, after = rows[order], after[order]
+    order = np.lexsort(rows.T[::-1])
+    rows, after = rows[order], after[order]
     if rows.shape[0] > 1:
         starts = np.concatenate([[0], np.flatnonzero(np.any(rows[1:] != rows[:-1], axis=1)) + 1])
     else:
         starts = np.array([0])
     counts = np.diff(np.append(starts, rows.shape[0]))
     return rows[starts], max_len - after[starts].sum(axis=1), counts
+
+
+def _sorted_continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int):
+    """`_continuations` of positions in suffix-array order (equal continuations are adjacent), in the
+    stored dtype until the distinct rows are known: each row's big-endian bytes are one fixed-length byte
+    string, so finding where a row differs from the one above is one comparison of strings, not an
+    element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
+    time in such calls on a few hundred rows)."""
+    idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
+    rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
+    at_end = rows == sentinel
+    after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
+    if after is not None:
+        rows[after] = sentinel  # the sentinel is the largest value: token order is kept
+    # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
+    # cannot make two strings of the same length equal)
+    keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(starts, len(keys)))
+    lengths = max_len - after[starts].sum(axis=1) if after is not None else np.full(len(starts), max_len)
+    return rows[starts].astype(np.int64), lengths, counts
 
 
 class _HashingWriter:
