@@ -113,20 +113,42 @@ def _continuations(tok: np.ndarray, n_tok: int, sentinel: int, pos: np.ndarray, 
     `sort`): (rows [u, max_len] int64 padded with the sentinel past a document's end, lengths [u], counts [u])."""
     if pos.size == 0 or max_len <= 0:
         return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if not sort:
+        return _sorted_continuations(tok, sentinel, pos, n, max_len)
     idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]  # [p, max_len]
     np.minimum(idx, n_tok - 1, out=idx)  # the last token is a sentinel
     rows = tok[idx].astype(np.int64)
     after = np.maximum.accumulate(rows == sentinel, axis=1)  # at or past the document's end
     rows[after] = sentinel  # the sentinel is the largest value: token order is kept
-    if sort:
-        order = np.lexsort(rows.T[::-1])
-        rows, after = rows[order], after[order]
+    order = np.lexsort(rows.T[::-1])
+    rows, after = rows[order], after[order]
     if rows.shape[0] > 1:
         starts = np.concatenate([[0], np.flatnonzero(np.any(rows[1:] != rows[:-1], axis=1)) + 1])
     else:
         starts = np.array([0])
     counts = np.diff(np.append(starts, rows.shape[0]))
     return rows[starts], max_len - after[starts].sum(axis=1), counts
+
+
+def _sorted_continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int):
+    """`_continuations` of positions in suffix-array order (equal continuations are adjacent), in the
+    stored dtype until the distinct rows are known: each row's big-endian bytes are one fixed-length byte
+    string, so finding where a row differs from the one above is one comparison of strings, not an
+    element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
+    time in such calls on a few hundred rows)."""
+    idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
+    rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
+    at_end = rows == sentinel
+    after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
+    if after is not None:
+        rows[after] = sentinel  # the sentinel is the largest value: token order is kept
+    # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
+    # cannot make two strings of the same length equal)
+    keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(starts, len(keys)))
+    lengths = max_len - after[starts].sum(axis=1) if after is not None else np.full(len(starts), max_len)
+    return rows[starts].astype(np.int64), lengths, counts
 
 
 class _HashingWriter:
@@ -210,6 +232,7 @@ class Shard:
     def __post_init__(self):
         if self.alpha is not None:
             self.alpha = np.asarray(self.alpha, dtype=np.int64)
+        self._ranks: np.ndarray | None = None  # _rank_table
         self.n = int(self.tok.shape[0])
         if self.sa.size:
             code = "i" if self.sa.dtype.itemsize == 4 else "q"
@@ -283,18 +306,26 @@ class Shard:
         self.dead_tokens = sum(b - a for a, b in self.dead)
 
     def encode(self, ctx: np.ndarray) -> bytes:
-        """Big-endian bytes of the context in this shard's storage (ranks when it has an alphabet);
-        the context is cut after the last id this shard does not contain (it cannot match across it)."""
+        """Big-endian bytes of the context (non-negative ids) in this shard's storage (ranks when it has an
+        alphabet); the context is cut after the last id this shard does not contain (it cannot match across it)."""
         if self.alpha is None:
             return ctx.astype(be_dtype(self.width)).tobytes()
-        a = self.alpha
-        if a.size == 0:
-            return b""
-        r = np.searchsorted(a, ctx)
-        ok = (r < a.size) & (a[np.minimum(r, a.size - 1)] == ctx)
-        if not ok.all():
-            r = r[np.flatnonzero(~ok)[-1] + 1:]
+        r = np.take(self._rank_table(), ctx, mode="clip")  # ids past the alphabet's last clip to its -1
+        missing = np.flatnonzero(r < 0)
+        if missing.size:
+            r = r[missing[-1] + 1:]
         return r.astype(">u2").tobytes()
+
+    def _rank_table(self) -> np.ndarray:
+        """Per id up to the alphabet's last one plus one, its rank in the alphabet or -1 (built on first use:
+        a table lookup is one numpy call per context, a search over the alphabet took about eight)."""
+        table = self._ranks
+        if table is None:
+            a = self.alpha
+            table = np.full(int(a[-1]) + 2 if a.size else 1, -1, dtype=np.int32)
+            table[a] = np.arange(a.size, dtype=np.int32)
+            self._ranks = table
+        return table
 
     def ids(self, start: int, end: int) -> np.ndarray:
         """Token ids of positions [start, end) (no sentinel inside a document's span)."""
@@ -332,9 +363,10 @@ class Shard:
         s = self.off + self.sav[lo] * self.width
         return lo if self.tb[s:s + len(p)] == p else -1
 
-    def find(self, p: bytes) -> tuple[int, int]:
-        """SA range [lo, hi) of suffixes that start with the pattern bytes p."""
-        lo = self._first(p)
+    def find(self, p: bytes, first: int | None = None) -> tuple[int, int]:
+        """SA range [lo, hi) of suffixes that start with the pattern bytes p. first: `_first(p)` if known
+        (`longest` found it), which saves its binary search."""
+        lo = self._first(p) if first is None else first
         if lo < 0:
             return 0, 0
         # gallop from lo (most ranges are short), then bisect the last step
@@ -351,9 +383,14 @@ class Shard:
 
     def occurs(self, p: bytes) -> bool:
         """Does p occur outside masked documents? (one binary search without masks)"""
-        if self._first(p) < 0:
-            return False
-        return not self.dead or self.count(p)[0] > 0
+        return self._alive_first(p) >= 0
+
+    def _alive_first(self, p: bytes) -> int:
+        """`_first(p)` when p occurs outside masked documents, else -1."""
+        lo = self._first(p)
+        if lo < 0 or not self.dead:
+            return lo
+        return lo if self.count(p, lo)[0] > 0 else -1
 
     def _dead_count(self, p: bytes) -> int:
         a = self._dead_tokens
@@ -367,40 +404,45 @@ class Shard:
             m &= a[j:j + k] == q[j]
         return int(m.sum())
 
-    def count(self, p: bytes) -> tuple[int, int, int]:
-        """(alive occurrences, lo, hi) of pattern bytes p."""
-        lo, hi = self.find(p)
+    def count(self, p: bytes, first: int | None = None) -> tuple[int, int, int]:
+        """(alive occurrences, lo, hi) of pattern bytes p. first: as for `find`."""
+        lo, hi = self.find(p, first)
         c = hi - lo
         if c and self.dead:
             c -= self._dead_count(p)
         return c, lo, hi
 
-    def longest(self, cb: bytes, n_lo: int, n_hi: int) -> int:
-        """Largest n in [n_lo, n_hi] whose last n tokens of cb occur (alive); 0 if none.
-        Occurrence is monotone in n (an occurrence of a suffix contains its shorter suffixes)."""
+    def longest(self, cb: bytes, n_lo: int, n_hi: int) -> tuple[int, int | None]:
+        """(n, first): the largest n in [n_lo, n_hi] whose last n tokens of cb occur (alive), 0 if none, and
+        the first SA index of those n tokens (`count`'s `first`: the search then counts them without a
+        binary search of its own). Occurrence is monotone in n (an occurrence of a suffix contains its
+        shorter suffixes)."""
         w = self.width
         if n_hi < n_lo or self.n == 0:
-            return 0
-        if not self.occurs(cb[-n_lo * w:]):
-            return 0
+            return 0, None
+        good_at = self._alive_first(cb[-n_lo * w:])
+        if good_at < 0:
+            return 0, None
         good, bad = n_lo, n_hi + 1
         # gallop from the short end: typical matches are short
         step = 1
         while good + step < bad:
             probe = good + step
-            if self.occurs(cb[-probe * w:]):
-                good = probe
+            at = self._alive_first(cb[-probe * w:])
+            if at >= 0:
+                good, good_at = probe, at
                 step *= 2
             else:
                 bad = probe
                 break
         while bad - good > 1:
             mid = (good + bad) // 2
-            if self.occurs(cb[-mid * w:]):
-                good = mid
+            at = self._alive_first(cb[-mid * w:])
+            if at >= 0:
+                good, good_at = mid, at
             else:
                 bad = mid
-        return good
+        return good, good_at
 
     def sample(self, lo: int, hi: int, quota: int) -> np.ndarray:
         """Positions of up to `quota` occurrences spread evenly over SA[lo:hi] (all when they fit),
@@ -607,17 +649,18 @@ class ScanShard:
                 return
             yield j + 1, ends
 
-    def longest(self, cb: bytes, n_lo: int, n_hi: int) -> int:
+    def longest(self, cb: bytes, n_lo: int, n_hi: int) -> tuple[int, None]:
+        """As Shard.longest; no first index to give (`count` reads this search's memo instead)."""
         if n_hi < n_lo or self.n == 0:
-            return 0
+            return 0, None
         q = np.frombuffer(cb, dtype=be_dtype(self.width)).astype(np.int64)
         best, best_ends = 0, None
         for n, ends in self._ends(q, n_hi):
             best, best_ends = n, ends
         if best < n_lo:
-            return 0
+            return 0, None
         self._tl.memo = (cb[-best * self.width:], best_ends - best + 1)
-        return best
+        return best, None
 
     def _starts(self, p: bytes) -> np.ndarray:
         memo = getattr(self._tl, "memo", None)
@@ -631,11 +674,11 @@ class ScanShard:
         self._tl.memo = (p, starts)
         return starts
 
-    def count(self, p: bytes) -> tuple[int, int, int]:
+    def count(self, p: bytes, first: int | None = None) -> tuple[int, int, int]:
         c = int(self._starts(p).size)
         return c, 0, c
 
-    def find(self, p: bytes) -> tuple[int, int]:
+    def find(self, p: bytes, first: int | None = None) -> tuple[int, int]:
         c = int(self._starts(p).size)
         return 0, c
 

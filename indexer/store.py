@@ -279,8 +279,8 @@ class Datastore:
             return SearchRows.empty(max_len=max_len)
         info = []
         total = 0
-        for sh, cb in hits:
-            c, lo, hi = sh.count(cb[-best * sh.width:])
+        for sh, cb, first in hits:
+            c, lo, hi = sh.count(cb[-best * sh.width:], first)
             if c > 0:
                 info.append((sh, c, lo, hi))
                 total += c
@@ -712,7 +712,8 @@ class Datastore:
 
 def _longest_match(shards, ctx_a: np.ndarray, n_min: int) -> tuple[int, list]:
     """The longest suffix of the context (at least n_min tokens) found in any shard, and the shards holding
-    it with the context in each one's encoding: (length, [(shard, encoded context)]); (0, []) if none."""
+    it with the context in each one's encoding and the first SA index of the match (`Shard.longest`):
+    (length, [(shard, encoded context, first)]); (0, []) if none."""
     enc: dict = {}
     best, hits = 0, []
     for sh in shards:
@@ -720,13 +721,13 @@ def _longest_match(shards, ctx_a: np.ndarray, n_min: int) -> tuple[int, list]:
         cb = enc.get(key)
         if cb is None:
             cb = enc[key] = sh.encode(ctx_a)
-        nl = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
+        nl, first = sh.longest(cb, max(n_min, best), len(cb) // sh.width)
         if nl == 0:
             continue
         if nl > best:
-            best, hits = nl, [(sh, cb)]
+            best, hits = nl, [(sh, cb, first)]
         else:
-            hits.append((sh, cb))
+            hits.append((sh, cb, first))
     return best, hits
 
 

@@ -353,10 +353,13 @@ class RecyclingSource(DraftSource):
         out: list[tuple[tuple[int, ...], float]] = []
         base = [int(t) for t in context[-self.order :]]
 
+        last = min(self.depth, max_len)
+
         def expand(path: tuple[int, ...], weight: float, level: int) -> None:
-            nxt = self._lookup(base + list(path))
+            # a leaf at the last level needs no lookup (a third of them went to waste there)
+            nxt = self._lookup(base + list(path)) if level < last else ()
             width = self.branching[level] if level < len(self.branching) else 1
-            if level >= min(self.depth, max_len) or not nxt:
+            if not nxt:
                 if path:
                     out.append((path, weight))
                 return

@@ -65,7 +65,7 @@ def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | np.ndar
     if n <= 1 or max_nodes <= 0:
         return []
     s = along_paths(trie, trie.mass if score is None else score, np.minimum)  # clamped to every ancestor's
-    order = np.lexsort((np.arange(1, n), -s[1:]))[:max_nodes] + 1
+    order = np.argsort(-s[1:], kind="stable")[:max_nodes] + 1  # stable: ties to the lower id
     return order.tolist()
 
 

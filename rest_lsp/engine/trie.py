@@ -34,20 +34,23 @@ class TokenTrie:
     0 past the row's end)."""
 
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
-        self.names = list(names)  # the sources, in the order of `smass`'s columns
-        self.strengths = list(strengths) or [1.0] * len(self.names)
+        self._name(names, strengths)
         self._set(np.array([root_token], dtype=np.int64), np.array([-1], dtype=np.int64),
                   np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros((1, len(self.names))),
                   np.array([-1], dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
+
+    def _name(self, names: Sequence[str], strengths: Sequence[float]) -> None:
+        self.names = list(names)  # the sources, in the order of `smass`'s columns
+        self.strengths = list(strengths) or [1.0] * len(self.names)
 
     def _set(self, tokens, parents, depths, mass, smass, source_index, paths) -> None:
         self.tokens, self.parents, self.depths = tokens, parents, depths
         self.mass, self.smass, self.source_index = mass, smass, source_index
         self.paths = paths
-        # parents are non-decreasing in id order (depth by depth, rows in order): children are one run of ids
-        ids = np.arange(len(tokens))
-        self.first_child = np.searchsorted(parents[1:], ids, side="left") + 1
-        self.n_children = np.searchsorted(parents[1:], ids, side="right") + 1 - self.first_child
+        # parents are non-decreasing in id order (depth by depth, rows in order): children are one run of
+        # ids, the runs in parent order, so a node's first child comes after all children of lower ids
+        self.n_children = np.bincount(parents[1:], minlength=len(tokens))
+        self.first_child = np.cumsum(self.n_children) - self.n_children + 1
         self._token_list: list[int] | None = None
         self._children: list[dict[int, int]] | None = None
 
@@ -87,21 +90,22 @@ class TokenTrie:
         """The trie of continuations `rows` ([C, L] ids, padded with -1 after each row's end, every row at
         least one token long), each adding `weights[c]` to every node on its path, from source `sources[c]`
         (an index into `names`). Rows that share a prefix share its nodes."""
-        trie = cls(root_token, names, strengths)
         n_rows = len(rows)
         if n_rows == 0:
-            return trie
+            return cls(root_token, names, strengths)
+        trie = cls.__new__(cls)  # not through __init__: its root-only arrays would be replaced at once
+        trie._name(names, strengths)
         n_src = len(trie.names)
         weights = np.asarray(weights, dtype=np.float64)
         sources = np.asarray(sources, dtype=np.int64)
         order = np.lexsort(rows.T[::-1])  # lexicographic; stable, so equal rows keep their order
-        rows, weights, sources = rows[order], weights[order], sources[order]
+        rows = rows[order]
         width = rows.shape[1]
-        # first column where each row differs from the one above (the first row differs everywhere)
-        differs = np.zeros(n_rows, dtype=np.int64)
-        if n_rows > 1:
-            neq = rows[1:] != rows[:-1]
-            differs[1:] = np.where(neq.any(axis=1), neq.argmax(axis=1), width)
+        # first column where each row differs from the one above (the first row differs everywhere; a row
+        # equal to the one above "differs" at `width`, the always-true column after its last)
+        neq = np.ones((n_rows, width + 1), dtype=bool)
+        np.not_equal(rows[1:], rows[:-1], out=neq[1:, :width])
+        differs = neq.argmax(axis=1)
         # the cells holding a token, depth by depth, row by row (padding only follows a row's end); a node
         # starts at a cell where its row differs from the row above, so numbering those cells in this order
         # numbers the nodes depth by depth, and each node's cells are one run (its rows are adjacent)
@@ -115,28 +119,33 @@ class TokenTrie:
         paths[cell_d, cell_r] = cell_node
         parents = np.empty(n_new + 1, dtype=np.int64)
         parents[0] = -1
-        parents[1:] = paths[new_d - 1, new_r]
+        parents[1:] = paths[new_d - 1, new_r]  # depth 0 reads the row's last depth (-1): set to the root below
         parents[1:][new_d == 0] = 0
         tokens = np.empty(n_new + 1, dtype=np.int64)
         tokens[0] = root_token
         tokens[1:] = rows[new_r, new_d]
-        depths = np.concatenate(([0], new_d + 1))
+        depths = np.empty(n_new + 1, dtype=np.int64)
+        depths[0] = 0
+        np.add(new_d, 1, out=depths[1:])
         # the mass of a node: the weights of the rows through it (the root: all of them), in row order
-        cell_w = weights[cell_r]
+        cell_orig = order[cell_r]  # the row each cell belongs to, as given
+        cell_w = weights[cell_orig]
         mass = np.bincount(cell_node, weights=cell_w, minlength=n_new + 1)
-        mass[0] = weights.sum()
-        smass = np.zeros((n_new + 1, n_src))
+        mass[0] = weights[order].sum()
         if n_src:
-            smass = np.bincount(cell_node * n_src + sources[cell_r], weights=cell_w,
+            smass = np.bincount(cell_node * n_src + sources[cell_orig], weights=cell_w,
                                 minlength=(n_new + 1) * n_src).reshape(n_new + 1, n_src)
-            smass[0] = np.bincount(sources, weights=weights, minlength=n_src)
-        # each node's source: its heaviest row's; among equal weights the row given first (`order`)
-        best_first = np.lexsort((order, -weights))  # rows, best first
+            smass[0] = np.bincount(sources[order], weights=weights[order], minlength=n_src)
+        else:
+            smass = np.zeros((n_new + 1, 0))
+        # each node's source: its heaviest row's; among equal weights the row given first (a stable sort of
+        # the rows as given by weight, heaviest first)
+        best_first = np.argsort(-weights, kind="stable")
         rank = np.empty(n_rows, dtype=np.int64)
         rank[best_first] = np.arange(n_rows)
         source_index = np.empty(n_new + 1, dtype=np.int64)
         source_index[0] = -1
-        source_index[1:] = sources[best_first[np.minimum.reduceat(rank[cell_r], starts)]]
+        source_index[1:] = sources[best_first[np.minimum.reduceat(rank[cell_orig], starts)]]
         trie._set(tokens, parents, depths, mass, smass, source_index, paths)
         return trie
 
@@ -206,24 +215,53 @@ def mix_rows(root_token: int,
     drafter's path (the sources' `propose_rows`)."""
     proposals = list(proposals)
     names, strengths = [p[0] for p in proposals], [p[2] for p in proposals]
-    parts_rows, parts_w, parts_s = [], [], []
-    for s, (_, share, strength, rows, w) in enumerate(proposals):
-        if share <= 0 or strength <= 0 or not len(w):
-            continue
-        keep = (w > 0) & (rows[:, 0] != PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
-        all_kept = keep.all()
-        total = (w if all_kept else w[keep]).sum()
-        if total <= 0:
-            continue
-        parts_rows.append(rows if all_kept else rows[keep])
-        parts_w.append((w if all_kept else w[keep]) * (share * strength / total))
-        parts_s.append(np.full(len(parts_w[-1]), s, dtype=np.int64))
-    if not parts_rows:
+    used = [(s, share * strength, rows, w) for s, (_, share, strength, rows, w) in enumerate(proposals)
+            if share > 0 and strength > 0 and len(w)]
+    if not used:
         return TokenTrie(root_token, names, strengths)
-    width = max(r.shape[1] for r in parts_rows)
-    rows = np.full((sum(len(r) for r in parts_rows), width), PAD, dtype=np.int64)
+    if all(rows.shape[1] for _, _, rows, _ in used) and _all_kept(used):
+        parts = _scaled(used)  # the usual case: no per-source masks
+    else:
+        parts = _scaled_kept(used)
+    if not parts:
+        return TokenTrie(root_token, names, strengths)
+    width = max(rows.shape[1] for _, rows, _ in parts)
+    rows = np.full((sum(len(w) for _, _, w in parts), width), PAD, dtype=np.int64)
     at = 0
-    for r in parts_rows:
+    for _, r, _ in parts:
         rows[at:at + len(r), : r.shape[1]] = r
         at += len(r)
-    return TokenTrie.build(root_token, names, strengths, rows, np.concatenate(parts_w), np.concatenate(parts_s))
+    weights = np.concatenate([w for _, _, w in parts]) if len(parts) > 1 else parts[0][2]
+    sources = np.repeat(np.array([s for s, _, _ in parts], dtype=np.int64), [len(w) for _, _, w in parts])
+    return TokenTrie.build(root_token, names, strengths, rows, weights, sources)
+
+
+def _all_kept(used: list) -> bool:
+    """Whether every row of every source has a positive weight and a first token (one check over all of
+    them: the sources' own rows always do, so the per-source masks are the exception)."""
+    w = np.concatenate([w for _, _, _, w in used])
+    first = np.concatenate([rows[:, 0] for _, _, rows, _ in used])
+    return bool(((w > 0) & (first != PAD)).all())
+
+
+def _scaled(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """[(source, rows, weights scaled to share * strength in all)], each source's total summed as before
+    (its own `sum`: the same float, so the same trie to the last bit)."""
+    out = []
+    for s, scale, rows, w in used:
+        total = w.sum()
+        if not total <= 0:
+            out.append((s, rows, w * (scale / total)))
+    return out
+
+
+def _scaled_kept(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """`_scaled` after dropping the rows without a positive weight or a first token."""
+    out = []
+    for s, scale, rows, w in used:
+        keep = (w > 0) & (rows[:, 0] != PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
+        rows, w = rows[keep], w[keep]
+        total = w.sum()
+        if not total <= 0:
+            out.append((s, rows, w * (scale / total)))
+    return out
