@@ -144,6 +144,8 @@ def check_manifest(m) -> str | None:
         sid = sm["id"]
         if not is_int(sm.get("tokens")) or sm.get("token_width", m["width"]) not in (2, 4):
             return f"shard {sid}: bad token count or width"
+        if not isinstance(sm.get("kind", ""), str):
+            return f"shard {sid}: its kind is not a string"
         files = sm.get("files")
         if not isinstance(files, dict) or "tok" not in files or "sa" not in files:
             return f"shard {sid}: its files are not named"

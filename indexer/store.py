@@ -88,7 +88,7 @@ class Datastore:
         shards, bad = [], []
         for meta in m["shards"]:
             try:
-                shards.append(Shard.load(path / SHARD_DIR, meta, m["width"], weight=w.get(meta["kind"], 1.0),
+                shards.append(Shard.load(path / SHARD_DIR, meta, m["width"], weight=w.get(meta.get("kind", "repository"), 1.0),
                                          verify=verify))
             except CorruptShard:
                 if not repair:
@@ -357,7 +357,7 @@ class Datastore:
                 if dead != s.dead:
                     s = dataclasses.replace(s, dead=dead)
             else:
-                s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(meta["kind"], 1.0),
+                s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(meta.get("kind", "repository"), 1.0),
                                verify=verify)
             shards.append(s)
         self._install(m, shards, docs)

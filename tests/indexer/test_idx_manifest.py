@@ -81,7 +81,20 @@ STRUCTURAL = {
     "tokenizer gone": lambda m: m.pop("tokenizer"),
     "filters wrong": lambda m: m.update(filters={"max_file_size": "big"}),
     "not a map": lambda m: m.clear(),
+    "shard kind a list": lambda m: m["shards"][0].update(kind=["repository"]),  # found by the fuzz test below
 }
+
+
+def test_a_shard_without_a_kind_is_served_as_a_repository_shard(built):
+    root, data, ctxs, expected = built
+    m = body_of(data)
+    for sm in m["shards"]:
+        sm.pop("kind", None)
+    try:
+        install(root / "ds", seal(m), data)
+        assert results(Datastore.open(root / "ds", verify=False), ctxs) == expected
+    finally:
+        install(root / "ds", data, data)
 
 
 @pytest.mark.parametrize("damage", list(STRUCTURAL))
