@@ -641,6 +641,8 @@ class ScanShard:
         """Positions where runs matching q's suffix end, for each length 1..n_hi until none remain."""
         t = self.tok
         ends = np.flatnonzero(t == q[-1])
+        if ends.size == 0:  # not even the last token occurs: no length matches
+            return
         yield 1, ends
         for j in range(1, n_hi):
             ends = ends[ends >= j]

@@ -222,3 +222,18 @@ def test_prefault_maps_an_on_disk_shard_and_changes_no_answer(tmp_path):
     ds = _with_shards(_store(), [sh])
     assert ds.prefault() >= 0 and ds.search([1, 2]).match_len == 2
     assert _store().prefault() >= 0  # live shards only: nothing to map
+
+
+@pytest.mark.parametrize("with_sa", [False, True])
+def test_a_live_shard_without_the_last_context_token_matches_nothing(with_sa):
+    """A one-token search (n_min 1) whose last token no shard holds: no match, not a match of length 1 that
+    no shard can count (which crashed the continuations)."""
+    shards = [ScanShard("l1", "live", [5, 6, 7], 4)]
+    if with_sa:
+        shards.insert(0, Shard.from_tokens("s0", "repository", join_documents([[], []], 4)[0], 4))
+    ds = _with_shards(Datastore.memory(vocab_size=80000), shards)
+    for ctx in ([9], [70001], [5, 9]):
+        rows = ds.search_rows(ctx, n_max=1, n_min=1, k=3, max_len=4, limit=5)
+        assert rows.match_len == 0 and rows.count == 0 and rows.rows.shape[0] == 0
+    rows = ds.search_rows([9, 6], n_max=2, n_min=1, k=3, max_len=4, limit=5)
+    assert rows.match_len == 1 and rows.count == 1 and rows.rows[0, 0] == 7  # the one it holds still matches
