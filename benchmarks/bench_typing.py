@@ -409,7 +409,7 @@ def table(report: dict) -> str:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
     if "ceiling" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, ceiling / plain: {m['ceiling']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x "
-                   "(no exact method can accept more than the ceiling)")
+                   "(about the most any exact method can accept)")
     inv = report.get("invoked")
     if inv:
         w, o = inv["while_loading"], inv["opened_and_rested"]

@@ -107,41 +107,32 @@ def compact_tokens(arr: np.ndarray, width: int, vocab_size: int | None = None):
     return stored, 2, alpha
 
 
-def _continuations(tok: np.ndarray, n_tok: int, sentinel: int, pos: np.ndarray, n: int, max_len: int, *,
-                   sort: bool):
-    """Distinct continuations of a match of length n at positions pos (already in token order unless
-    `sort`): (rows [u, max_len] int64 padded with the sentinel past a document's end, lengths [u], counts [u])."""
-    if pos.size == 0 or max_len <= 0:
-        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if not sort:
-        return _sorted_continuations(tok, sentinel, pos, n, max_len)
-    idx = pos[:, None] + n + np.arange(max_len, dtype=np.int64)[None, :]  # [p, max_len]
-    np.minimum(idx, n_tok - 1, out=idx)  # the last token is a sentinel
-    rows = tok[idx].astype(np.int64)
-    after = np.maximum.accumulate(rows == sentinel, axis=1)  # at or past the document's end
-    rows[after] = sentinel  # the sentinel is the largest value: token order is kept
-    order = np.lexsort(rows.T[::-1])
-    rows, after = rows[order], after[order]
-    if rows.shape[0] > 1:
-        starts = np.concatenate([[0], np.flatnonzero(np.any(rows[1:] != rows[:-1], axis=1)) + 1])
-    else:
-        starts = np.array([0])
-    counts = np.diff(np.append(starts, rows.shape[0]))
-    return rows[starts], max_len - after[starts].sum(axis=1), counts
+def kind_of(meta: dict) -> str:
+    """A shard's kind as its manifest entry says it (one written without a kind is a repository shard)."""
+    return meta.get("kind", "repository")
 
 
-def _sorted_continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int):
-    """`_continuations` of positions in suffix-array order (equal continuations are adjacent), in the
-    stored dtype until the distinct rows are known: each row's big-endian bytes are one fixed-length byte
-    string, so finding where a row differs from the one above is one comparison of strings, not an
+def _continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int, *, sort: bool):
+    """Distinct continuations of a match of length n at positions pos (in suffix-array order, so equal
+    continuations are adjacent, unless `sort`): (rows [u, max_len] int64 padded with the sentinel past a
+    document's end, lengths [u], counts [u]).
+
+    The rows stay in the stored dtype until the distinct ones are known: each row's bytes are one fixed-length
+    byte string, so finding where a row differs from the one above is one comparison of strings, not an
     element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
     time in such calls on a few hundred rows)."""
+    if pos.size == 0 or max_len <= 0:
+        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
     rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
     at_end = rows == sentinel
     after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
     if after is not None:
         rows[after] = sentinel  # the sentinel is the largest value: token order is kept
+    if sort:
+        order = np.lexsort(rows.T[::-1])
+        rows = rows[order]
+        after = after[order] if after is not None else None
     # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
     # cannot make two strings of the same length equal)
     keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
@@ -288,7 +279,7 @@ class Shard:
             raise CorruptShard(sid, ft["name"], "ranked tokens without an alphabet")
         tok = np.frombuffer(mm_t, dtype=dt_t, count=n_t, offset=off_t) if n_t else np.zeros(0, dt_t)
         sa = np.frombuffer(mm_s, dtype=dt_s, count=n_s, offset=off_s) if n_s else np.zeros(0, np.int32)
-        return cls(sid, meta.get("kind", "repository"), tw, mm_t, off_t, tok, sa, weight,
+        return cls(sid, kind_of(meta), tw, mm_t, off_t, tok, sa, weight,
                    [tuple(x) for x in meta.get("dead", [])], names, alpha)
 
     def set_dead(self, spans) -> None:
@@ -469,7 +460,7 @@ class Shard:
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         """Distinct continuations after a match of length n at positions pos (in SA order).
         Returns (rows [u, max_len] int64 padded with the sentinel, lengths [u], counts [u])."""
-        uniq, lengths, counts = _continuations(self.tok, self.n, self.sentinel, pos, n, max_len, sort=False)
+        uniq, lengths, counts = _continuations(self.tok, self.sentinel, pos, n, max_len, sort=False)
         if self.alpha is not None:  # ranks -> ids; padding past a document's end is cut by `lengths`
             uniq = self.alpha[np.minimum(uniq, self.alpha.size - 1)]
         return uniq, lengths, counts
@@ -698,4 +689,4 @@ class ScanShard:
 
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         # positions are in text order here, not suffix order: sort the rows before grouping them
-        return _continuations(self.tok, self.n, self.sentinel, pos, n, max_len, sort=True)
+        return _continuations(self.tok, self.sentinel, pos, n, max_len, sort=True)

@@ -24,7 +24,8 @@ from . import discover as disc
 from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
-from .shard import ScanShard, Shard, join_documents, sentinel_for_width, sort_shard, width_for_vocab, write_shard
+from .shard import (ScanShard, Shard, join_documents, kind_of, sentinel_for_width, sort_shard, width_for_vocab,
+                    write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
@@ -88,7 +89,7 @@ class Datastore:
         shards, bad = [], []
         for meta in m["shards"]:
             try:
-                shards.append(Shard.load(path / SHARD_DIR, meta, m["width"], weight=w.get(meta.get("kind", "repository"), 1.0),
+                shards.append(Shard.load(path / SHARD_DIR, meta, m["width"], weight=w.get(kind_of(meta), 1.0),
                                          verify=verify))
             except CorruptShard:
                 if not repair:
@@ -357,7 +358,7 @@ class Datastore:
                 if dead != s.dead:
                     s = dataclasses.replace(s, dead=dead)
             else:
-                s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(meta.get("kind", "repository"), 1.0),
+                s = Shard.load(self.path / SHARD_DIR, meta, m["width"], weight=self.weights.get(kind_of(meta), 1.0),
                                verify=verify)
             shards.append(s)
         self._install(m, shards, docs)

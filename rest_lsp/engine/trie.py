@@ -257,11 +257,8 @@ def _scaled(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
 
 def _scaled_kept(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """`_scaled` after dropping the rows without a positive weight or a first token."""
-    out = []
+    kept = []
     for s, scale, rows, w in used:
         keep = (w > 0) & (rows[:, 0] != PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
-        rows, w = rows[keep], w[keep]
-        total = w.sum()
-        if not total <= 0:
-            out.append((s, rows, w * (scale / total)))
-    return out
+        kept.append((s, scale, rows[keep], w[keep]))
+    return _scaled(kept)

@@ -1,6 +1,6 @@
 """The model's vocabulary as the drafter and the decoding loop need it.
 
-`clip_to_vocab`: drafted ids stay inside the model's vocabulary. A tokenizer can hold ids past the model's
+`clip_rows`: drafted ids stay inside the model's vocabulary. A tokenizer can hold ids past the model's
 embedding: transformers 5 loads CodeLlama's tokenizer with `<FILL_ME>` at id 32016 while the model has 32,016
 rows (0..32015), and any text containing `<FILL_ME>` (a buffer, a file in the workspace or the corpus) is
 encoded with that id into the live shards and the datastores. A drafted id past the embedding would be an
@@ -18,34 +18,14 @@ tokens that agree with what is left of it may be chosen.
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
-
 import numpy as np
 import torch
 
 
-def clip_to_vocab(proposals: Sequence[tuple[Sequence[int], float]], vocab_size: int
-                  ) -> list[tuple[tuple[int, ...], float]]:
-    """Each (continuation, weight) cut before its first id outside [0, vocab_size); emptied ones dropped.
-    Continuations that become equal keep their own entries (the drafter's trie adds their weights)."""
-    if not proposals or (max(max(t, default=0) for t, _ in proposals) < vocab_size
-                         and min(min(t, default=0) for t, _ in proposals) >= 0):
-        return [(tuple(t), w) for t, w in proposals if len(t)]  # the usual case, without a loop per token
-    out: list[tuple[tuple[int, ...], float]] = []
-    for tokens, weight in proposals:
-        kept = []
-        for t in tokens:
-            if not 0 <= t < vocab_size:
-                break
-            kept.append(int(t))
-        if kept:
-            out.append((tuple(kept), weight))
-    return out
-
-
 def clip_rows(rows: np.ndarray, weights: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`clip_to_vocab` for padded rows (-1 after each end): each row cut before its first id outside
-    [0, vocab_size); emptied rows dropped."""
+    """Drafted rows (padded with -1 after each end) cut before their first id outside [0, vocab_size);
+    rows emptied by the cut dropped. Rows that become equal keep their own entries (the trie adds their
+    weights)."""
     bad = (rows >= vocab_size) | (rows < -1)
     if not bad.any():
         return rows, weights

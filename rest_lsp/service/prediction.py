@@ -144,7 +144,8 @@ def is_complete(rest: str, ctx: CompletionContext, max_lines: int) -> bool:
 
 def answer(rest: str, ctx: CompletionContext, *, done: bool, max_lines: int, partial: bool) -> str | None:
     """What to show now from `rest` (the output after the cursor), or None to wait for more: the shaped
-    text once it is complete (or the output ended); with `partial`, the whole words so far (complete lines, and the words of the line being decoded)."""
+    text once it is complete (or the output ended); with `partial`, the whole words so far (complete lines,
+    and the words of the line being decoded)."""
     if done or is_complete(rest, ctx, max_lines):
         return shape_completion(rest, ctx, max_lines=max_lines, truncated=False)
     if partial:

@@ -4,12 +4,14 @@ sequence recomputed for every token)."""
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
 from rest_lsp.engine import ContextSource, Engine, GenerationConfig
 from rest_lsp.engine.sources import DatastoreSource
-from rest_lsp.engine.vocab import clip_to_vocab
+from rest_lsp.engine.trie import padded_rows, row_tuples
+from rest_lsp.engine.vocab import clip_rows
 
 PREFIX = 'import json\n\n\ndef load(path):\n    """Read a JSON file."""\n    with open(path) as f:\n        '
 SUFFIX = "\n\n\ndef save(obj, path):\n    pass\n"
@@ -93,7 +95,9 @@ def test_ids_past_the_embedding_are_clipped_from_drafts(lm, tmp_path):
     drafts = DatastoreSource(store).propose(context, 6)
     quote = lm.tokenizer.convert_tokens_to_ids("▁'")
     assert [c[:2] for c, _ in drafts] == [(quote, fill)]   # the datastore holds the id, as the tokenizer gave it
-    assert [c for c, _ in clip_to_vocab(drafts, lm.vocab_size)] == [(quote,)]   # cut before it
-    assert clip_to_vocab([((fill, 5), 1.0), ((7, fill), 2.0), ((-1,), 1.0)], 32016) == [((7,), 2.0)]
+    clipped = row_tuples(*clip_rows(*padded_rows(drafts), lm.vocab_size))
+    assert [c for c, _ in clipped] == [(quote,)]   # cut before it
+    rows = np.array([[fill, 5], [7, fill], [-2, -1]])  # -1 pads a row's end; any other negative id is cut
+    assert row_tuples(*clip_rows(rows, np.array([1.0, 2.0, 1.0]), 32016)) == [((7,), 2.0)]
     with pytest.raises(IndexError):   # why: the embedding has no row for it
         lm.model(torch.tensor([[1, fill]]))
