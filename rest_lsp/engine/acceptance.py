@@ -18,7 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .trie import TokenTrie, along_paths
+from indexer.jit import njit
+
+from .trie import TokenTrie, path_products
 
 DEFAULT_LR = 0.02  # best of 0.005-0.1 in the 20-prompt HumanEval replay (docs/engine.md)
 _EPS = 1e-4
@@ -27,33 +29,42 @@ _MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd
 
 def features(trie: TokenTrie) -> np.ndarray:
     """[N, 3 * sources + 6] per node (row 0, the root, is unused)."""
-    parents = trie.parents.copy()
-    parents[0] = 0
-    smass = trie.smass  # [N, S]
-    above = smass[parents]
-    frac = np.divide(smass, above, out=np.zeros_like(smass), where=above > 0)  # [N, S]
-    strength = np.asarray(trie.strengths, dtype=np.float64)[None, :]
-    present = frac > 0
-    depths = trie.depths
-    mass = trie.mass
-    # the trie's conditional estimate; under the root it is the absolute mass (unclaimed shares stay doubt).
-    # Ids go depth by depth, so the nodes whose parent is (made) 0 are the root and ids 1..n_children[0]
-    below = np.maximum(mass[parents], 1e-12)
-    below[:int(trie.n_children[0]) + 1] = 1.0
-    cond = np.clip(mass / below, _EPS, 1 - _EPS)
-    n_src = smass.shape[1]
-    x = np.empty((len(trie), 3 * n_src + 6))  # filled column block by column block: no per-column arrays
-    x[:, :n_src] = frac
-    np.multiply(frac, strength, out=x[:, n_src:2 * n_src])
-    x[:, 2 * n_src:3 * n_src] = present
-    x[:, 3 * n_src] = 1.0
-    x[:, 3 * n_src + 1] = depths == 1
-    x[:, 3 * n_src + 2] = depths == 2
-    x[:, 3 * n_src + 3] = depths >= 4
-    # sources per node: a product with ones is exact on 0/1 and cheaper than a sum over a short row axis
-    x[:, 3 * n_src + 4] = x[:, 2 * n_src:3 * n_src] @ np.ones(n_src) >= 2
-    np.log(cond / (1 - cond), out=x[:, 3 * n_src + 5])
+    x, odds = _features(trie.parents, trie.depths, trie.mass, trie.smass,
+                        np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS)
+    np.log(odds, out=x[:, -1])  # numpy's log: the compiled one may differ in the last bit
     return x
+
+
+@njit
+def _features(parents, depths, mass, smass, strength, n_first, eps):
+    """x [N, 3S + 6] but for its last column, and the trie's conditional odds [N] (that column before the log).
+
+    Per source: the share of the parent's source mass that goes to the node, that times the source's
+    strength, whether it proposed the node at all; the depth (1, 2, >= 4); whether two sources agree; the
+    trie's conditional estimate, which under the root is the absolute mass (unclaimed shares stay doubt):
+    ids go depth by depth, so the root's children are ids 1..n_first."""
+    n, n_src = smass.shape
+    x = np.empty((n, 3 * n_src + 6))
+    odds = np.empty(n)
+    for i in range(n):
+        p = parents[i] if i > 0 else 0
+        agree = 0
+        for s in range(n_src):
+            above = smass[p, s]
+            frac = smass[i, s] / above if above > 0 else 0.0
+            x[i, s] = frac
+            x[i, n_src + s] = frac * strength[s]
+            x[i, 2 * n_src + s] = 1.0 if frac > 0 else 0.0
+            agree += frac > 0
+        x[i, 3 * n_src] = 1.0
+        x[i, 3 * n_src + 1] = depths[i] == 1
+        x[i, 3 * n_src + 2] = depths[i] == 2
+        x[i, 3 * n_src + 3] = depths[i] >= 4
+        x[i, 3 * n_src + 4] = agree >= 2
+        below = 1.0 if i <= n_first else max(mass[p], 1e-12)
+        cond = min(max(mass[i] / below, eps), 1 - eps)
+        odds[i] = cond / (1 - cond)
+    return x, odds
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -88,7 +99,7 @@ class AcceptanceModel:
             self.weights[-1] = 1.0  # start as the trie's own estimate
         cond = _sigmoid(x @ self.weights)
         cond[0] = 1.0
-        est = along_paths(trie, cond, np.multiply)  # the product of the conditionals down each path
+        est = path_products(trie, cond)  # the product of the conditionals down each path
         if self.lr > 0 and self._output:
             self._pending.append((len(self._output) - 1, trie, x))
         return est

@@ -12,7 +12,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .trie import TokenTrie, along_paths
+from indexer.jit import njit
+
+from .trie import TokenTrie
 
 
 @dataclass
@@ -61,12 +63,21 @@ def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | np.ndar
     overall, ties to the lower id (parents have lower ids), are what best-first expansion from the root
     picks, and every prefix of the ranking is a connected tree (each node comes after its parent).
     """
-    n = len(trie)
-    if n <= 1 or max_nodes <= 0:
+    if len(trie) <= 1 or max_nodes <= 0:
         return []
-    s = along_paths(trie, trie.mass if score is None else score, np.minimum)  # clamped to every ancestor's
-    order = np.argsort(-s[1:], kind="stable")[:max_nodes] + 1  # stable: ties to the lower id
-    return order.tolist()
+    score = trie.mass if score is None else np.asarray(score, dtype=np.float64)
+    return _best_nodes(trie.parents, score, max_nodes).tolist()
+
+
+@njit
+def _best_nodes(parents, score, limit):
+    """The ids of the `limit` best nodes by score clamped to every ancestor's, ties to the lower id."""
+    clamped = score.copy()
+    for i in range(1, len(parents)):  # parents come first: the parent's clamped score is final
+        p = parents[i]
+        if p > 0:
+            clamped[i] = min(clamped[p], score[i])
+    return np.argsort(-clamped[1:], kind="mergesort")[:limit] + 1  # mergesort: stable
 
 
 def flatten(trie: TokenTrie, order: Sequence[int], probs: Sequence[float] | np.ndarray | None = None) -> DraftTree:

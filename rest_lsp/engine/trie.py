@@ -10,8 +10,9 @@ The trie is built with array operations, not per token: the continuations of all
 up to 10 tokens each) go into one padded matrix, sorted lexicographically; a node is a distinct prefix, so
 it starts where a row first differs from the row above. Nodes are numbered depth by depth, in row order,
 which puts every parent before its children and the children of a node in one run of ids, tokens ascending.
-The trie keeps each row's path (`paths`: the node at every depth of every row), so what accumulates along
-paths (the acceptance estimate, the ranking's clamp) is one cumulative operation over it, not a loop.
+Because parents come before their children, what accumulates along paths (the acceptance estimate, the
+ranking's clamp) is one pass over the nodes in id order. Building and those passes are compiled loops
+(indexer/jit.py): as numpy they were some forty small calls per step, most of a drafting step's cost.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from itertools import chain
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from indexer.jit import njit
 
 PAD = -1  # after a continuation's last token in a padded row
 
@@ -30,27 +33,22 @@ class TokenTrie:
     Per node (arrays of N): `tokens`, `parents` (-1 for the root), `depths`, `mass` (the estimate), `smass`
     ([N, sources]: each source's part of the mass), `source_index` (the source of the heaviest continuation
     through the node; -1 for the root), `first_child` / `n_children` (the children are ids first_child ..
-    first_child + n_children - 1, tokens ascending), `paths` ([L, C]: the node at depth d + 1 of sorted row c,
-    0 past the row's end)."""
+    first_child + n_children - 1, tokens ascending)."""
 
     def __init__(self, root_token: int, names: Sequence[str] = (), strengths: Sequence[float] = ()):
         self._name(names, strengths)
         self._set(np.array([root_token], dtype=np.int64), np.array([-1], dtype=np.int64),
                   np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros((1, len(self.names))),
-                  np.array([-1], dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
+                  np.array([-1], dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64))
 
     def _name(self, names: Sequence[str], strengths: Sequence[float]) -> None:
         self.names = list(names)  # the sources, in the order of `smass`'s columns
         self.strengths = list(strengths) or [1.0] * len(self.names)
 
-    def _set(self, tokens, parents, depths, mass, smass, source_index, paths) -> None:
+    def _set(self, tokens, parents, depths, mass, smass, source_index, n_children, first_child) -> None:
         self.tokens, self.parents, self.depths = tokens, parents, depths
         self.mass, self.smass, self.source_index = mass, smass, source_index
-        self.paths = paths
-        # parents are non-decreasing in id order (depth by depth, rows in order): children are one run of
-        # ids, the runs in parent order, so a node's first child comes after all children of lower ids
-        self.n_children = np.bincount(parents[1:], minlength=len(tokens))
-        self.first_child = np.cumsum(self.n_children) - self.n_children + 1
+        self.n_children, self.first_child = n_children, first_child
         self._token_list: list[int] | None = None
         self._children: list[dict[int, int]] | None = None
 
@@ -85,81 +83,209 @@ class TokenTrie:
         return [self.names[i] if i >= 0 else "" for i in self.source_index.tolist()]
 
     @classmethod
-    def build(cls, root_token: int, names: Sequence[str], strengths: Sequence[float], rows: np.ndarray,
-              weights: np.ndarray, sources: np.ndarray) -> "TokenTrie":
-        """The trie of continuations `rows` ([C, L] ids, padded with -1 after each row's end, every row at
-        least one token long), each adding `weights[c]` to every node on its path, from source `sources[c]`
-        (an index into `names`). Rows that share a prefix share its nodes."""
-        n_rows = len(rows)
-        if n_rows == 0:
-            return cls(root_token, names, strengths)
+    def mixed(cls, root_token: int, names: Sequence[str], strengths: Sequence[float], rows: np.ndarray,
+              weights: np.ndarray, sources: np.ndarray, scales: np.ndarray) -> "TokenTrie":
+        """The trie of continuations `rows` ([C, L] ids, padded with -1 after each row's end) with weights [C]
+        from sources [C] (indices into `names`), each source's weights normalised to sum to its scale
+        (scales [len(names)]: share times strength). Rows without a first token or a positive weight are
+        left out, and so is a source whose weights sum to nothing. Rows that share a prefix share its nodes;
+        each adds its weight to every node on its path."""
         trie = cls.__new__(cls)  # not through __init__: its root-only arrays would be replaced at once
         trie._name(names, strengths)
-        n_src = len(trie.names)
-        weights = np.asarray(weights, dtype=np.float64)
-        sources = np.asarray(sources, dtype=np.int64)
-        order = np.lexsort(rows.T[::-1])  # lexicographic; stable, so equal rows keep their order
-        rows = rows[order]
-        width = rows.shape[1]
-        # first column where each row differs from the one above (the first row differs everywhere; a row
-        # equal to the one above "differs" at `width`, the always-true column after its last)
-        neq = np.ones((n_rows, width + 1), dtype=bool)
-        np.not_equal(rows[1:], rows[:-1], out=neq[1:, :width])
-        differs = neq.argmax(axis=1)
-        # the cells holding a token, depth by depth, row by row (padding only follows a row's end); a node
-        # starts at a cell where its row differs from the row above, so numbering those cells in this order
-        # numbers the nodes depth by depth, and each node's cells are one run (its rows are adjacent)
-        cell_d, cell_r = np.nonzero((rows != PAD).T)
-        is_new = cell_d >= differs[cell_r]
-        cell_node = np.cumsum(is_new)  # every depth's first cell starts a node: ids 1..n_new
-        starts = np.flatnonzero(is_new)
-        new_d, new_r = cell_d[starts], cell_r[starts]
-        n_new = len(starts)
-        paths = np.zeros((width, n_rows), dtype=np.int64)
-        paths[cell_d, cell_r] = cell_node
-        parents = np.empty(n_new + 1, dtype=np.int64)
-        parents[0] = -1
-        parents[1:] = paths[new_d - 1, new_r]  # depth 0 reads the row's last depth (-1): set to the root below
-        parents[1:][new_d == 0] = 0
-        tokens = np.empty(n_new + 1, dtype=np.int64)
-        tokens[0] = root_token
-        tokens[1:] = rows[new_r, new_d]
-        depths = np.empty(n_new + 1, dtype=np.int64)
-        depths[0] = 0
-        np.add(new_d, 1, out=depths[1:])
-        # the mass of a node: the weights of the rows through it (the root: all of them), in row order
-        cell_orig = order[cell_r]  # the row each cell belongs to, as given
-        cell_w = weights[cell_orig]
-        mass = np.bincount(cell_node, weights=cell_w, minlength=n_new + 1)
-        mass[0] = weights[order].sum()
-        if n_src:
-            smass = np.bincount(cell_node * n_src + sources[cell_orig], weights=cell_w,
-                                minlength=(n_new + 1) * n_src).reshape(n_new + 1, n_src)
-            smass[0] = np.bincount(sources[order], weights=weights[order], minlength=n_src)
-        else:
-            smass = np.zeros((n_new + 1, 0))
-        # each node's source: its heaviest row's; among equal weights the row given first (a stable sort of
-        # the rows as given by weight, heaviest first)
-        best_first = np.argsort(-weights, kind="stable")
-        rank = np.empty(n_rows, dtype=np.int64)
-        rank[best_first] = np.arange(n_rows)
-        source_index = np.empty(n_new + 1, dtype=np.int64)
-        source_index[0] = -1
-        source_index[1:] = sources[best_first[np.minimum.reduceat(rank[cell_orig], starts)]]
-        trie._set(tokens, parents, depths, mass, smass, source_index, paths)
+        trie._set(*_mixed_trie(rows, weights, sources, scales, int(root_token)))
         return trie
 
 
-def along_paths(trie: TokenTrie, values: np.ndarray, accumulate) -> np.ndarray:
-    """[N] `accumulate` (np.multiply, np.minimum) of `values` along each node's path from depth 1 down to
-    the node, the root's value kept: one cumulative operation over the trie's rows, in path order (the same
-    floats as going depth by depth)."""
-    paths = trie.paths
-    out = np.array(values, dtype=np.float64)
-    if paths.size:
-        root = out[0]
-        out[paths] = accumulate.accumulate(out[paths], axis=0)  # cells past a row's end write the root...
-        out[0] = root  # ...which keeps its own value
+@njit
+def _mixed_trie(rows, w, src, scale, root_token):
+    """TokenTrie's arrays (see TokenTrie.mixed): the rows kept and scaled, sorted, and built into nodes."""
+    n_src = len(scale)
+    n = len(w)
+    keep = np.zeros(n, np.bool_)
+    for i in range(n):
+        keep[i] = w[i] > 0 and rows.shape[1] > 0 and rows[i, 0] != PAD
+    factor = np.full(n_src, np.nan)
+    for s in range(n_src):
+        mine = np.flatnonzero(keep & (src == s))
+        total = _pairwise_sum(w[mine], 0, len(mine))  # numpy's summation order: the same float as w.sum()
+        if len(mine) and not total <= 0:
+            factor[s] = scale[s] / total
+    kept = np.flatnonzero(keep & ~np.isnan(factor[src]))
+    krows = rows[kept]
+    ksrc = src[kept]
+    kw = w[kept] * factor[ksrc]
+    order = _lex_order(krows)
+    rank = np.empty(len(kept), np.int64)  # each row's place by weight, heaviest first, ties to the earlier
+    rank[np.argsort(-kw, kind="mergesort")] = np.arange(len(kept))
+    sw = kw[order]
+    return _build_trie(krows[order], sw, ksrc[order], rank[order], n_src, root_token,
+                       _pairwise_sum(sw, 0, len(sw)))
+
+
+@njit
+def _pairwise_sum(a, lo, n):
+    """sum(a[lo:lo + n]) added up as numpy's `sum` does (halves down to blocks of up to 128, each summed with
+    eight accumulators): the tries stay the same to the last bit as when numpy summed. Without recursion:
+    numba's disk cache cannot reload a recursive function (the process crashes)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    # post-order over the halving tree: (lo, n, combine?) tasks, partial sums on a second stack
+    task_lo, task_n, task_join = np.empty(128, np.int64), np.empty(128, np.int64), np.empty(128, np.bool_)
+    sums = np.empty(128)
+    tp, sp = 1, 0
+    task_lo[0], task_n[0], task_join[0] = lo, n, False
+    while tp:
+        tp -= 1
+        lo, n, join = task_lo[tp], task_n[tp], task_join[tp]
+        if join:
+            sums[sp - 2] = sums[sp - 2] + sums[sp - 1]
+            sp -= 1
+        elif n <= 128:
+            sums[sp] = _block_sum(a, lo, n)
+            sp += 1
+        else:
+            half = n // 2
+            half -= half % 8
+            task_lo[tp], task_n[tp], task_join[tp] = lo, n, True  # after both halves
+            task_lo[tp + 1], task_n[tp + 1], task_join[tp + 1] = lo + half, n - half, False
+            task_lo[tp + 2], task_n[tp + 2], task_join[tp + 2] = lo, half, False  # the left half first
+            tp += 3
+    return sums[0]
+
+
+@njit
+def _block_sum(a, lo, n):
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = a[lo:lo + 8].copy()
+    i = 8
+    while i < n - (n % 8):
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit
+def _lex_order(rows):
+    """The rows' order sorted lexicographically (PAD, -1, first: a prefix before its extensions), stable:
+    a bottom-up merge sort of row indices."""
+    n = rows.shape[0]
+    order = np.arange(n)
+    tmp = np.empty(n, np.int64)
+    run = 1
+    while run < n:
+        for lo in range(0, n, 2 * run):
+            mid, hi = min(lo + run, n), min(lo + 2 * run, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if _row_less(rows, order[j], order[i]):
+                    tmp[k] = order[j]
+                    j += 1
+                else:
+                    tmp[k] = order[i]
+                    i += 1
+                k += 1
+            tmp[k:k + mid - i] = order[i:mid]
+            k += mid - i
+            tmp[k:k + hi - j] = order[j:hi]
+        order, tmp = tmp, order
+        run *= 2
+    return order
+
+
+@njit
+def _row_less(rows, a, b):
+    for d in range(rows.shape[1]):
+        if rows[a, d] != rows[b, d]:
+            return rows[a, d] < rows[b, d]
+    return False
+
+
+@njit
+def _build_trie(rows, w, src, rank, n_src, root_token, total):
+    """TokenTrie's arrays from rows [C, L] sorted lexicographically (padded with PAD after each end, every row
+    at least one token), their weights w [C], sources src [C] and places by weight rank [C].
+
+    A node starts at a cell (depth d, row r) where row r differs from the row above at column d or before;
+    numbering such cells depth by depth, row by row, numbers nodes depth by depth with each node's rows
+    adjacent. Masses add up cell by cell in that order (the order numpy's bincount used: the same floats)."""
+    n_rows, width = rows.shape
+    differs = np.zeros(n_rows, np.int64)  # the first column where a row differs from the row above
+    length = np.zeros(n_rows, np.int64)
+    n_nodes = 1
+    for r in range(n_rows):
+        d = 0
+        if r > 0:
+            while d < width and rows[r, d] == rows[r - 1, d]:
+                d += 1
+        differs[r] = d
+        n = 0
+        while n < width and rows[r, n] != PAD:
+            n += 1
+        length[r] = n
+        n_nodes += max(0, n - d)
+    tokens = np.empty(n_nodes, np.int64)
+    parents = np.empty(n_nodes, np.int64)
+    depths = np.empty(n_nodes, np.int64)
+    mass = np.zeros(n_nodes)
+    smass = np.zeros((n_nodes, n_src))
+    best = np.full(n_nodes, n_rows, np.int64)  # the smallest rank through each node
+    source_index = np.full(n_nodes, -1, np.int64)
+    tokens[0], parents[0], depths[0] = root_token, -1, 0
+    at = np.zeros(n_rows, np.int64)  # each row's node at the depth before (the root first)
+    node = 0
+    for d in range(width):
+        for r in range(n_rows):
+            if d >= length[r]:
+                continue
+            if d >= differs[r]:
+                node += 1
+                tokens[node], parents[node], depths[node] = rows[r, d], at[r], d + 1
+                cur = node
+            else:  # the same node as the row above, which this depth has already visited
+                cur = at[r - 1]
+            at[r] = cur
+            mass[cur] += w[r]
+            if n_src:
+                smass[cur, src[r]] += w[r]
+            if rank[r] < best[cur]:
+                best[cur], source_index[cur] = rank[r], src[r]
+    mass[0] = total
+    for r in range(n_rows):
+        if n_src:
+            smass[0, src[r]] += w[r]
+    n_children = np.zeros(n_nodes, np.int64)
+    for i in range(1, n_nodes):
+        n_children[parents[i]] += 1
+    first_child = np.empty(n_nodes, np.int64)  # children are one run of ids, the runs in parent order
+    nxt = 1
+    for i in range(n_nodes):
+        first_child[i] = nxt
+        nxt += n_children[i]
+    return tokens, parents, depths, mass, smass, source_index, n_children, first_child
+
+
+def path_products(trie: TokenTrie, values: np.ndarray) -> np.ndarray:
+    """[N] the product of `values` along each node's path from depth 1 down to the node (the root's value
+    kept): the acceptance estimate from its conditionals."""
+    return _path_products(trie.parents, np.asarray(values, dtype=np.float64))
+
+
+@njit
+def _path_products(parents, values):
+    out = values.copy()
+    for i in range(1, len(parents)):  # parents come first: the parent's product is final
+        p = parents[i]
+        if p > 0:
+            out[i] = out[p] * values[i]
     return out
 
 
@@ -215,50 +341,17 @@ def mix_rows(root_token: int,
     drafter's path (the sources' `propose_rows`)."""
     proposals = list(proposals)
     names, strengths = [p[0] for p in proposals], [p[2] for p in proposals]
-    used = [(s, share * strength, rows, w) for s, (_, share, strength, rows, w) in enumerate(proposals)
+    used = [(s, rows, w) for s, (_, share, strength, rows, w) in enumerate(proposals)
             if share > 0 and strength > 0 and len(w)]
-    if not used:
+    width = max((rows.shape[1] for _, rows, _ in used), default=0)
+    if not width:
         return TokenTrie(root_token, names, strengths)
-    if all(rows.shape[1] for _, _, rows, _ in used) and _all_kept(used):
-        parts = _scaled(used)  # the usual case: no per-source masks
-    else:
-        parts = _scaled_kept(used)
-    if not parts:
-        return TokenTrie(root_token, names, strengths)
-    width = max(rows.shape[1] for _, rows, _ in parts)
-    rows = np.full((sum(len(w) for _, _, w in parts), width), PAD, dtype=np.int64)
+    rows = np.full((sum(len(w) for _, _, w in used), width), PAD, dtype=np.int64)
     at = 0
-    for _, r, _ in parts:
+    for _, r, _ in used:
         rows[at:at + len(r), : r.shape[1]] = r
         at += len(r)
-    weights = np.concatenate([w for _, _, w in parts]) if len(parts) > 1 else parts[0][2]
-    sources = np.repeat(np.array([s for s, _, _ in parts], dtype=np.int64), [len(w) for _, _, w in parts])
-    return TokenTrie.build(root_token, names, strengths, rows, weights, sources)
-
-
-def _all_kept(used: list) -> bool:
-    """Whether every row of every source has a positive weight and a first token (one check over all of
-    them: the sources' own rows always do, so the per-source masks are the exception)."""
-    w = np.concatenate([w for _, _, _, w in used])
-    first = np.concatenate([rows[:, 0] for _, _, rows, _ in used])
-    return bool(((w > 0) & (first != PAD)).all())
-
-
-def _scaled(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """[(source, rows, weights scaled to share * strength in all)], each source's total summed as before
-    (its own `sum`: the same float, so the same trie to the last bit)."""
-    out = []
-    for s, scale, rows, w in used:
-        total = w.sum()
-        if not total <= 0:
-            out.append((s, rows, w * (scale / total)))
-    return out
-
-
-def _scaled_kept(used: list) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """`_scaled` after dropping the rows without a positive weight or a first token."""
-    kept = []
-    for s, scale, rows, w in used:
-        keep = (w > 0) & (rows[:, 0] != PAD) if rows.shape[1] else np.zeros(len(w), dtype=bool)
-        kept.append((s, scale, rows[keep], w[keep]))
-    return _scaled(kept)
+    weights = np.concatenate([w for _, _, w in used]) if len(used) > 1 else np.asarray(used[0][2], np.float64)
+    sources = np.repeat(np.array([s for s, _, _ in used], dtype=np.int64), [len(w) for _, _, w in used])
+    scales = np.array([share * strength for _, share, strength, _, _ in proposals], dtype=np.float64)
+    return TokenTrie.mixed(root_token, names, strengths, rows, weights, sources, scales)

@@ -1,4 +1,4 @@
-"""Drafting as arrays (sources' `propose_rows`, `Datastore.search_rows`, `mix_rows`, `along_paths`) against the
+"""Drafting as arrays (sources' `propose_rows`, `Datastore.search_rows`, `mix_rows`, `rank_nodes`) against the
 tuple path it replaced: the same continuations, weights and order, hence the same tries and the same trees."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rest_lsp.engine.acceptance import AcceptanceModel
 from rest_lsp.engine.drafter import Drafter
 from rest_lsp.engine.sources import ContextSource, DatastoreSource, HistorySource, weight_for_match
 from rest_lsp.engine.tree import flatten, rank_nodes
-from rest_lsp.engine.trie import along_paths, mix, padded_rows, row_tuples
+from rest_lsp.engine.trie import mix, padded_rows, path_products, row_tuples
 
 
 def _store(rng, n_tokens=3000, vocab=12):
@@ -122,8 +122,9 @@ def test_drafter_trees_equal_the_tuple_path():
             assert np.array_equal(getattr(trie, a), getattr(ref, a)), a
         est = model.estimate(trie)
         model.weights = rng.normal(size=len(model.weights))
-        assert np.array_equal(along_paths(trie, est, np.minimum), _clamped_by_depth(trie, est))
         order = rank_nodes(trie, 16, est)
+        clamped = _clamped_by_depth(trie, est)
+        assert order == (np.argsort(-clamped[1:], kind="stable")[:16] + 1).tolist()
         assert flatten(trie, order, est) == flatten(ref, rank_nodes(ref, 16, est), est)
 
 
@@ -137,7 +138,7 @@ def _clamped_by_depth(trie, score):
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_along_paths_equals_the_depth_by_depth_products(seed):
+def test_path_products_equal_the_depth_by_depth_products(seed):
     rng = np.random.default_rng(seed)
     conts = [(tuple(rng.integers(0, 4, rng.integers(1, 8)).tolist()), float(rng.random())) for _ in range(30)]
     trie = mix(0, [("s", 1.0, 1.0, conts)])
@@ -146,7 +147,7 @@ def test_along_paths_equals_the_depth_by_depth_products(seed):
     est = np.ones(len(trie))
     for n in range(1, len(trie)):  # parents come first
         est[n] = est[trie.parents[n]] * cond[n]
-    assert np.array_equal(along_paths(trie, cond, np.multiply), est)
+    assert np.array_equal(path_products(trie, cond), est)
 
 
 def test_padded_rows_width_and_round_trip():
