@@ -9,8 +9,9 @@
 Each returns weighted continuations; the drafter (rest_lsp/engine/drafter.py) normalises them per source and
 mixes the sources by share (rest_lsp/engine/policy.py). The drafter asks for them as arrays (`propose_rows`: a
 padded [C, L] matrix and C weights), which the datastore, context and history sources build without a Python
-object per continuation or per token; `propose` is the same answer as tuples. `last_match_len` (the context suffix a source matched;
-None where that means nothing) lets the mixer trust long matches more than short ones.
+object per continuation or per token, in compiled loops (rest_lsp/engine/kernels_sources.py); `propose` is the
+same answer as tuples. `last_match_len` (the context suffix a source matched; None where that means nothing)
+lets the mixer trust long matches more than short ones.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from . import kernels_sources as kernels
 from .trie import PAD, padded_rows, row_tuples
 
 Rows = tuple[np.ndarray, np.ndarray]  # (rows [C, L] int64 padded with PAD after each end, weights [C] float64)
@@ -65,42 +67,35 @@ def suffix_matches(
 
 def suffix_match_arrays(text: np.ndarray, query: np.ndarray, n_max: int, limit: int,
                         exclude_end: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """`suffix_matches` as arrays (lengths [m], ends [m]), longest then latest first."""
-    none = np.zeros(0, dtype=np.int64)
-    if len(text) < 2 or len(query) == 0:
-        return none, none
-    ends = np.flatnonzero(text[:-1] == query[-1])  # positions where the last query token occurs
-    if exclude_end:
-        ends = ends[ends < len(text) - 1]
-    if len(ends) == 0:
-        return none, none
-    lengths = np.ones(len(ends), dtype=np.int64)
-    alive = np.arange(len(ends))  # candidates still matching: fewer and fewer, so each round costs less
-    for k in range(1, min(n_max, len(query))):
-        pos = ends[alive] - k
-        ok = pos >= 0
-        ok[ok] = text[pos[ok]] == query[-1 - k]
-        alive = alive[ok]
-        if not len(alive):
-            break
-        lengths[alive] += 1
-    order = np.lexsort((-ends, -lengths))[:limit]  # longest first, then latest
-    return lengths[order], ends[order]
+    """`suffix_matches` as arrays (lengths [m], ends [m] int64), longest then latest first.
+
+    exclude_end needs nothing done: a match needs a following token, so the text's own end never counts."""
+    return kernels.suffix_match_arrays(text, query, n_max, limit)
 
 
 def continuation_rows(text: np.ndarray, ends: np.ndarray, max_len: int) -> np.ndarray:
     """[m, max_len] the tokens after each end position, padded with PAD past the text's end and from a
     negative token on (a separator, HistorySource: never run into the next text)."""
-    idx = ends[:, None] + 1 + np.arange(max_len)[None, :]
-    rows = text[np.minimum(idx, len(text) - 1)]
-    cut = np.logical_or.accumulate((idx >= len(text)) | (rows < 0), axis=1)
-    rows[cut] = PAD
-    return rows
+    return kernels.continuation_rows(text, ends, max_len)
 
 
 def weight_for_match(n: int) -> float:
     """Longer suffix matches predict better: weight grows with the match length (n^2)."""
     return float(n * n)
+
+
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
+_NO_BOUNDS = np.zeros(1, dtype=np.int64)  # no text after the first
+
+
+def join_texts(texts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """texts as one int64 array [sum of lengths] and bounds [len(texts) + 1]: text i is
+    joined[bounds[i]:bounds[i+1]]."""
+    if not texts:
+        return _NO_TOKENS, _NO_BOUNDS
+    bounds = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in texts], out=bounds[1:])
+    return np.concatenate(texts).astype(np.int64, copy=False), bounds
 
 
 class _MatchingSource(DraftSource):
@@ -114,30 +109,25 @@ class _MatchingSource(DraftSource):
         self.last_match_len: int | None = 0
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        """The texts searched, in order, each with whether it is the context itself."""
+        raise NotImplementedError
+
+    def _joined(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The texts as kernels.match_rows takes them: (first [a], rest [b], bounds [T+1])."""
         raise NotImplementedError
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
         return row_tuples(*self.propose_rows(context, max_len))
 
     def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
+        """Each text's `max_matches` longest (then latest) matches; of those the `max_matches` longest (texts
+        in order among equals) give rows [k, max_len] weighted n^2 [k], rows without a first token dropped."""
         ctx = np.asarray(context, dtype=np.int64)
-        query = ctx[-self.n_max:]
-        lengths, rows = [], []
-        for text, is_context in self._texts(ctx):
-            n, ends = suffix_match_arrays(text, query, self.n_max, self.max_matches, is_context)
-            if len(n):
-                lengths.append(n)
-                rows.append(continuation_rows(text, ends, max_len))
-        if not lengths:
-            self.last_match_len = 0
-            return np.full((0, max(0, max_len)), PAD, dtype=np.int64), np.zeros(0)
-        n = np.concatenate(lengths) if len(lengths) > 1 else lengths[0]
-        order = np.argsort(-n, kind="stable")[: self.max_matches]  # longest first; texts in order among equals
-        n = n[order]
-        rows = (np.concatenate(rows) if len(rows) > 1 else rows[0])[order]
-        self.last_match_len = int(n[0])
-        keep = rows[:, 0] != PAD if max_len > 0 else np.zeros(len(n), dtype=bool)
-        return rows[keep], (n[keep] * n[keep]).astype(np.float64)  # weight_for_match, per row
+        first, rest, bounds = self._joined(ctx)
+        rows, weights, n = kernels.match_rows(first, rest, bounds, ctx[-self.n_max:], self.n_max,
+                                              self.max_matches, max_len)
+        self.last_match_len = int(n)
+        return rows, weights
 
 
 class ContextSource(_MatchingSource):
@@ -148,6 +138,9 @@ class ContextSource(_MatchingSource):
     def __init__(self, n_max: int = 16, max_matches: int = 16):
         super().__init__(n_max, max_matches)
         self.buffers: dict[str, np.ndarray] = {}
+        # the buffers joined in one array for the kernel, with the dict they were joined from: rebuilt only
+        # when the dict is replaced (every change replaces it), not on every step
+        self._joined_buffers: tuple[dict[str, np.ndarray], np.ndarray, np.ndarray] = ({}, _NO_TOKENS, _NO_BOUNDS)
 
     # copy-on-write: the inference thread may be iterating the old dict while the LSP thread feeds a buffer
     def set_buffer(self, name: str, tokens: Sequence[int]) -> None:
@@ -159,6 +152,14 @@ class ContextSource(_MatchingSource):
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
         return [(context, True)] + [(b, False) for b in self.buffers.values()]
+
+    def _joined(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        buffers = self.buffers  # read once: the LSP thread may replace it meanwhile
+        joined = self._joined_buffers
+        if joined[0] is not buffers:
+            joined = (buffers, *join_texts(list(buffers.values())))
+            self._joined_buffers = joined
+        return context, joined[1], joined[2]
 
 
 class HistorySource(_MatchingSource):
@@ -210,6 +211,9 @@ class HistorySource(_MatchingSource):
 
     def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
         return [(self._buf[: self._n], False)]
+
+    def _joined(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._buf[: self._n], _NO_TOKENS, _NO_BOUNDS
 
 
 class DatastoreSource(DraftSource):
@@ -263,31 +267,11 @@ def merge_levels(levels: Sequence[tuple[int, FoundRows]], max_continuations: int
     """One row per distinct continuation over the match levels [(n, search rows)]: each level's heaviest
     `max_continuations` normalised to sum 1 and weighted n^2 (`weight_for_match`), a continuation found at
     several levels summing its parts. Rows come in the order first seen (level by level, heaviest first)."""
-    out_rows: np.ndarray | None = None
-    out_w: np.ndarray | None = None
+    out_rows, out_w = np.zeros((0, 0), dtype=np.int64), np.zeros(0)  # u == 0: add_level takes any width
     for n_level, res in levels:
-        rows, w = res.rows[:max_continuations], res.weights[:max_continuations]
-        if rows.shape[1] == 0:
-            continue
-        keep = rows[:, 0] != PAD
-        if not keep.all():
-            rows, w = rows[keep], w[keep]
-        total = sum(w.tolist())  # in order, as a Python sum: the same float as summing the weights one by one
-        if not total > 0:
-            continue
-        part = float(weight_for_match(n_level)) * w / total
-        if out_rows is None:
-            out_rows, out_w = rows, part
-            continue
-        # each level's rows are distinct: a row equals at most one row found before
-        same = (rows[:, None, :] == out_rows[None, :, :]).all(axis=2)  # [new, old]
-        seen = same.any(axis=1)
-        if seen.any():
-            out_w = out_w.copy()
-            np.add.at(out_w, same[seen].argmax(axis=1), part[seen])
-        out_rows = np.concatenate([out_rows, rows[~seen]])
-        out_w = np.concatenate([out_w, part[~seen]])
-    if out_rows is None:
+        if res.rows.shape[1]:  # no tokens at all (max_len 0): nothing to add
+            out_rows, out_w = kernels.add_level(out_rows, out_w, res.rows, res.weights, n_level, max_continuations)
+    if not len(out_rows):
         return np.full((0, max(0, max_len)), PAD, dtype=np.int64), np.zeros(0)
     return out_rows, out_w
 
@@ -339,10 +323,11 @@ class RecyclingSource(DraftSource):
         while len(self.table) > self.capacity:
             del self.table[next(iter(self.table))]
 
-    def _lookup(self, tail: Sequence[int]) -> tuple[int, ...]:
+    def _lookup(self, tail: tuple[int, ...]) -> tuple[int, ...]:
         """The top-k after the longest suffix of `tail` seen as a key (empty: none)."""
+        get = self.table.get
         for n in range(min(self.order, len(tail)), 0, -1):
-            hit = self.table.get(tuple(tail[-n:]))
+            hit = get(tail[-n:])  # a tuple's slice is the key itself: no list or tuple built per try
             if hit:
                 return hit
         return ()
@@ -351,22 +336,22 @@ class RecyclingSource(DraftSource):
         if not context:
             return []
         out: list[tuple[tuple[int, ...], float]] = []
-        base = [int(t) for t in context[-self.order :]]
-
+        order, lookup = self.order, self._lookup
         last = min(self.depth, max_len)
 
-        def expand(path: tuple[int, ...], weight: float, level: int) -> None:
+        def expand(path: tuple[int, ...], tail: tuple[int, ...], weight: float, level: int) -> None:
+            # tail: the context's and the path's last `order` tokens, all a lookup reads, carried down
             # a leaf at the last level needs no lookup (a third of them went to waste there)
-            nxt = self._lookup(base + list(path)) if level < last else ()
+            nxt = lookup(tail) if level < last else ()
             width = self.branching[level] if level < len(self.branching) else 1
             if not nxt:
                 if path:
                     out.append((path, weight))
                 return
-            for rank, tok in enumerate(nxt[:width]):
-                expand(path + (tok,), weight / (rank + 1), level + 1)  # lower ranks are less likely
+            for rank, tok in enumerate(nxt[:width]):  # lower ranks are less likely
+                expand(path + (tok,), (tail + (tok,))[-order:], weight / (rank + 1), level + 1)
 
-        expand((), 1.0, 0)
+        expand((), tuple(int(t) for t in context[-order:]), 1.0, 0)
         return out
 
     def propose_rows(self, context: Sequence[int], max_len: int) -> Rows:
