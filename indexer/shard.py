@@ -273,12 +273,23 @@ def _sa_sample(sa, lo, hi, quota):
 
 
 @njit
+def _grown(a, size):
+    """a's first rows in a new array of `size` rows (the rest uninitialized)."""
+    out = np.empty((size,) + a.shape[1:], a.dtype)
+    out[:a.shape[0]] = a
+    return out
+
+
+@njit
 def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
     """The distinct continuations of a match of length n at positions pos (SA order: equal rows adjacent):
     (rows [u, max_len] int64, the sentinel from a document's end on; lengths [u]; counts [u]). max_len > 0."""
-    rows = np.empty((pos.shape[0], max_len), np.int64)
-    lengths = np.empty(pos.shape[0], np.int64)
-    counts = np.empty(pos.shape[0], np.int64)
+    # the arrays grow as distinct rows come: a few thousand positions often hold a few dozen distinct rows,
+    # and a fresh array for all of them (hundreds of kB) costs more in page faults than the gather itself
+    size = min(pos.shape[0], 64) + 1  # + 1: the slot after the last kept row holds the candidate
+    rows = np.empty((size, max_len), np.int64)
+    lengths = np.empty(size, np.int64)
+    counts = np.empty(size, np.int64)
     u = 0
     for i in range(pos.shape[0]):
         length = max_len
@@ -295,10 +306,13 @@ def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
                     break
         if same:
             counts[u - 1] += 1
-        else:
-            lengths[u], counts[u] = length, 1
-            u += 1
-    return rows[:u].copy(), lengths[:u].copy(), counts[:u].copy()
+            continue
+        lengths[u], counts[u] = length, 1
+        u += 1
+        if u == rows.shape[0]:
+            size = min(2 * size, pos.shape[0] + 1)
+            rows, lengths, counts = _grown(rows, size), _grown(lengths, size), _grown(counts, size)
+    return rows[:u], lengths[:u], counts[:u]
 
 
 @njit
@@ -772,10 +786,51 @@ def join_documents(token_lists, width: int) -> tuple[np.ndarray, list[tuple[int,
     return arr, spans
 
 
+_SCAN_BLOCK = 128  # tokens a scan tests at once for its last token before looking at them one by one
+
+
+@njit
+def _scan_longest(tok, q, n_hi):
+    """(n, starts): the largest n <= n_hi whose last n tokens of q occur in tok (native ids), and where they
+    start, in text order ([k] int64); (0, []) when not even q's last token occurs. One pass: each position
+    holding q's last token is extended backwards."""
+    m = q.shape[0]
+    n_hi = min(n_hi, m)
+    best, k = 0, 0
+    ends = np.empty(16, np.int64)
+    if m == 0:
+        return best, ends[:0]
+    last = q[m - 1]
+    for b0 in range(0, tok.shape[0], _SCAN_BLOCK):
+        block = tok[b0:b0 + _SCAN_BLOCK]
+        hits = 0
+        # branch-free over a view (indices from 0: no negative-index wrapping), so compiled to SIMD: most
+        # blocks hold no candidate
+        for j in range(block.shape[0]):
+            hits += block[j] == last
+        if hits == 0:
+            continue
+        for i in range(b0, b0 + block.shape[0]):
+            if tok[i] != last:
+                continue
+            length = 1
+            while length < n_hi and length <= i and tok[i - length] == q[m - 1 - length]:
+                length += 1
+            if length < best:
+                continue
+            if length > best:
+                best, k = length, 0
+            if k == ends.shape[0]:
+                ends = _grown(ends, 2 * k)
+            ends[k] = i
+            k += 1
+    return best, ends[:k] - best + 1
+
+
 class ScanShard:
-    """A live shard searched by a vectorized scan instead of a suffix array: replacing it costs one array
-    conversion (well under a millisecond for 5,000 lines), and a search scans it once for the last context
-    token and then narrows the candidates (about 0.1-0.3 ms at 50k tokens). Same interface as Shard."""
+    """A live shard searched by a scan instead of a suffix array: replacing it costs one array conversion
+    (well under a millisecond for 5,000 lines), and a search is one compiled pass over it that extends every
+    occurrence of the last context token backwards (`_scan_longest`). Same interface as Shard."""
 
     def __init__(self, shard_id: str, kind: str, tokens, width: int, weight: float = 1.0):
         self.id, self.kind, self.width, self.weight = shard_id, kind, width, weight
@@ -802,31 +857,15 @@ class ScanShard:
     def ids(self, start: int, end: int) -> np.ndarray:
         return self.tok[start:end].astype(np.int64)
 
-    def _ends(self, q: np.ndarray, n_hi: int):
-        """Positions where runs matching q's suffix end, for each length 1..n_hi until none remain."""
-        t = self.tok
-        ends = np.flatnonzero(t == q[-1])
-        if ends.size == 0:  # not even the last token occurs: no length matches
-            return
-        yield 1, ends
-        for j in range(1, n_hi):
-            ends = ends[ends >= j]
-            ends = ends[t[ends - j] == q[-1 - j]]
-            if ends.size == 0:
-                return
-            yield j + 1, ends
-
     def longest(self, cb: bytes, n_lo: int, n_hi: int) -> tuple[int, None]:
         """As Shard.longest; no first index to give (`count` reads this search's memo instead)."""
         if n_hi < n_lo or self.n == 0:
             return 0, None
-        q = np.frombuffer(cb, dtype=be_dtype(self.width)).astype(np.int64)
-        best, best_ends = 0, None
-        for n, ends in self._ends(q, n_hi):
-            best, best_ends = n, ends
+        best, starts = _scan_longest(self.tok, np.frombuffer(cb, dtype=be_dtype(self.width)).astype(np.int64),
+                                     n_hi)
         if best < n_lo:
             return 0, None
-        self._tl.memo = (cb[-best * self.width:], best_ends - best + 1)
+        self._tl.memo = (cb[-best * self.width:], starts)
         return best, None
 
     def _starts(self, p: bytes) -> np.ndarray:
@@ -834,10 +873,9 @@ class ScanShard:
         if memo is not None and memo[0] == p:
             return memo[1]
         q = np.frombuffer(p, dtype=be_dtype(self.width)).astype(np.int64)
-        ends = np.zeros(0, dtype=np.int64)
-        for n, e in self._ends(q, q.size):
-            ends = e if n == q.size else ends
-        starts = ends - q.size + 1
+        n, starts = _scan_longest(self.tok, q, q.size)
+        if n < q.size:
+            starts = np.zeros(0, dtype=np.int64)
         self._tl.memo = (p, starts)
         return starts
 

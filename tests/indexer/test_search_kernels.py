@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from indexer.shard import Shard, _continuations, join_documents
+from indexer.shard import ScanShard, Shard, _continuations, be_dtype, join_documents
 from indexer.store import _continuations as store_continuations
 from indexer.store import _one_shard_ranked, _ranked
 
@@ -261,3 +261,74 @@ def test_store_continuations_over_shards_match_numpy():
     rows, counts, weights = store_continuations(info, total, 2, 5000, 4, False)
     want = {(3, 4, 5, -1): (2, 3.0), (3, 9, -1, -1): (2, 3.0)}
     assert {tuple(r): (int(c), float(w)) for r, c, w in zip(rows.tolist(), counts, weights)} == want
+
+
+def test_many_distinct_continuations():
+    """More distinct continuations than the first allocation holds (the row arrays grow), and a limit."""
+    rng = np.random.default_rng(3)
+    docs = [np.concatenate([[0], rng.integers(1, 50, size=3)]) for _ in range(600)]
+    arr, _ = join_documents(docs, 2)
+    sh = Shard.from_tokens("s", "corpus", arr, 2)
+    lo, hi = sh.find(np.array([0], ">u2").tobytes())
+    assert hi - lo == 600
+    rows, counts = sh.id_rows(lo, hi, 5000, 1, 4)
+    want_rows, want_counts = ref_id_rows(sh, lo, hi, 5000, 1, 4)
+    assert rows.shape[0] > 300
+    same(rows, want_rows)
+    same(counts, want_counts)
+    for got, want in zip(_one_shard_ranked(*sh.kernel_view(), lo, hi, 5000, 1, 4, 4.0, 100),
+                         ref_ranked(want_rows, want_counts, want_counts * 4.0, 100)):
+        same(got, want)
+
+
+# ---- the live buffer's scan shard --------------------------------------------------------------------------
+def ref_scan_ends(tok: np.ndarray, q: np.ndarray, n_hi: int):
+    """The scan before the compiled one: ends of runs matching q's suffix, for each length 1..n_hi."""
+    ends = np.flatnonzero(tok == q[-1])
+    if ends.size == 0:
+        return
+    yield 1, ends
+    for j in range(1, n_hi):
+        ends = ends[ends >= j]
+        ends = ends[tok[ends - j] == q[-1 - j]]
+        if ends.size == 0:
+            return
+        yield j + 1, ends
+
+
+def ref_scan_longest(tok, q, n_lo, n_hi):
+    """(n, starts) as ScanShard.longest finds them, (0, None) below n_lo."""
+    best, best_ends = 0, None
+    for n, ends in ref_scan_ends(tok, q, n_hi):
+        best, best_ends = n, ends
+    return (0, None) if best < n_lo else (best, best_ends - best + 1)
+
+
+def ref_scan_starts(tok, q):
+    ends = np.zeros(0, dtype=np.int64)
+    for n, e in ref_scan_ends(tok, q, q.size):
+        ends = e if n == q.size else ends
+    return ends - q.size + 1
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_scan_shard_matches_numpy(width):
+    rng = np.random.default_rng(50 + width)
+    vocab = np.array([0, 1, 2, 3, 300, 70_000 if width == 4 else 65534])
+    for _ in range(30):
+        docs = random_docs(rng, int(rng.integers(1, 4)), vocab)
+        tokens = np.concatenate(docs)
+        sh = ScanShard("l", "live", tokens, width)
+        matched = 0
+        for cb in patterns(rng, sh, docs, 30):
+            q = np.frombuffer(cb, dtype=be_dtype(width)).astype(np.int64)
+            for n_lo, n_hi in ((1, q.size), (2, q.size), (1, min(2, q.size)), (3, 2)):
+                want = ref_scan_longest(sh.tok, q, n_lo, n_hi) if n_hi >= n_lo else (0, None)
+                n, first = sh.longest(cb, n_lo, n_hi)
+                assert (n, first) == (want[0], None)
+                if n:
+                    matched += 1
+                    same(sh._starts(cb[-n * width:]), want[1])  # the memo of this search
+            sh._tl.memo = None
+            same(sh._starts(cb), ref_scan_starts(sh.tok, q))
+        assert matched
