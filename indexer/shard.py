@@ -114,36 +114,6 @@ def kind_of(meta: dict) -> str:
     return meta.get("kind", "repository")
 
 
-def _continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int, *, sort: bool):
-    """Distinct continuations of a match of length n at positions pos (in suffix-array order, so equal
-    continuations are adjacent, unless `sort`): (rows [u, max_len] int64 padded with the sentinel past a
-    document's end, lengths [u], counts [u]).
-
-    The rows stay in the stored dtype until the distinct ones are known: each row's bytes are one fixed-length
-    byte string, so finding where a row differs from the one above is one comparison of strings, not an
-    element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
-    time in such calls on a few hundred rows)."""
-    if pos.size == 0 or max_len <= 0:
-        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
-    rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
-    at_end = rows == sentinel
-    after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
-    if after is not None:
-        rows[after] = sentinel  # the sentinel is the largest value: token order is kept
-    if sort:
-        order = np.lexsort(rows.T[::-1])
-        rows = rows[order]
-        after = after[order] if after is not None else None
-    # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
-    # cannot make two strings of the same length equal)
-    keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    counts = np.diff(np.append(starts, len(keys)))
-    lengths = max_len - after[starts].sum(axis=1) if after is not None else np.full(len(starts), max_len)
-    return rows[starts].astype(np.int64), lengths, counts
-
-
 # ---- compiled search ------------------------------------------------------------------------------
 # tb: the token bytes (uint8, big-endian tokens from `off`), sa: the suffix array, w: bytes per token,
 # p / cb: pattern bytes (uint8). A suffix compares with a pattern as `bytes` slices do: a suffix that ends
@@ -281,6 +251,14 @@ def _grown(a, size):
 
 
 @njit
+def _same_row(a, i, b, k) -> bool:
+    for j in range(a.shape[1]):
+        if a[i, j] != b[k, j]:
+            return False
+    return True
+
+
+@njit
 def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
     """The distinct continuations of a match of length n at positions pos (SA order: equal rows adjacent):
     (rows [u, max_len] int64, the sentinel from a document's end on; lengths [u]; counts [u]). max_len > 0."""
@@ -298,13 +276,7 @@ def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
             if t == sentinel:
                 length = min(length, j)
             rows[u, j] = t
-        same = u > 0
-        if same:
-            for j in range(max_len):
-                if rows[u, j] != rows[u - 1, j]:
-                    same = False
-                    break
-        if same:
+        if u > 0 and _same_row(rows, u, rows, u - 1):
             counts[u - 1] += 1
             continue
         lengths[u], counts[u] = length, 1
@@ -332,6 +304,74 @@ def _id_rows(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len):
         counts[keep] = counts[i]
         keep += 1
     return rows[:keep], counts[:keep]
+
+
+@njit
+def _before(rows, counts, weights, a, b) -> bool:
+    """Does continuation a rank strictly before b: heavier, then more frequent, then by tokens ascending."""
+    if weights[a] != weights[b]:
+        return weights[a] > weights[b]
+    if counts[a] != counts[b]:
+        return counts[a] > counts[b]
+    for j in range(rows.shape[1]):
+        if rows[a, j] != rows[b, j]:
+            return rows[a, j] < rows[b, j]
+    return False
+
+
+@njit
+def _rank_order(rows, counts, weights):
+    """The search's ranking of continuations (`_before`), stable ([u] int64): a bottom-up merge sort (numba
+    has no lexsort). With equal weights and counts, the rows' lexicographic order."""
+    u = counts.shape[0]
+    order = np.arange(u)
+    spare = np.empty(u, np.int64)
+    run = 1
+    while run < u:
+        for lo in range(0, u, 2 * run):
+            mid, hi = min(lo + run, u), min(lo + 2 * run, u)
+            i, j = lo, mid
+            for out in range(lo, hi):
+                if j < hi and (i >= mid or _before(rows, counts, weights, order[j], order[i])):
+                    spare[out] = order[j]
+                    j += 1
+                else:
+                    spare[out] = order[i]
+                    i += 1
+        order, spare = spare, order
+        run *= 2
+    return order
+
+
+@njit
+def _sorted_distinct_rows(tok, sentinel, pos, n, max_len):
+    """As `_distinct_rows` for positions in any order over native tokens (ScanShard): the rows sorted by
+    tokens, then grouped. max_len > 0."""
+    rows = np.empty((pos.shape[0], max_len), np.int64)
+    last = tok.shape[0] - 1
+    for i in range(pos.shape[0]):
+        ended = False
+        for j in range(max_len):  # past the token array: its last token (a sentinel), as take(mode="clip")
+            t = sentinel if ended else np.int64(tok[min(pos[i] + n + j, last)])
+            ended = t == sentinel
+            rows[i, j] = t
+    none = np.zeros(pos.shape[0], np.int64)
+    order = _rank_order(rows, none, none)
+    out = np.empty_like(rows)
+    lengths = np.empty(pos.shape[0], np.int64)
+    counts = np.empty(pos.shape[0], np.int64)
+    u = 0
+    for i in order:
+        if u > 0 and _same_row(rows, i, out, u - 1):
+            counts[u - 1] += 1
+            continue
+        out[u] = rows[i]
+        length = 0
+        while length < max_len and rows[i, length] != sentinel:
+            length += 1
+        lengths[u], counts[u] = length, 1
+        u += 1
+    return out[:u], lengths[:u], counts[:u]
 
 
 _NO_ALPHA = np.zeros(0, np.int64)  # `_id_rows`' alphabet for a shard that stores ids
@@ -904,5 +944,8 @@ class ScanShard:
         return _padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
 
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
-        # positions are in text order here, not suffix order: sort the rows before grouping them
-        return _continuations(self.tok, self.sentinel, pos, n, max_len, sort=True)
+        """As Shard.continuations; positions are in text order here, not suffix order: the rows are sorted
+        before they are grouped."""
+        if pos.size == 0 or max_len <= 0:
+            return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return _sorted_distinct_rows(self.tok, self.sentinel, np.asarray(pos, dtype=np.int64), n, max_len)

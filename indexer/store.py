@@ -25,8 +25,8 @@ from .ingest import content_hash, read_document  # noqa: F401 - content_hash: ca
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from .jit import njit
-from .shard import (ScanShard, Shard, _id_rows, _padded_ids, join_documents, kind_of, sentinel_for_width,
-                    sort_shard, width_for_vocab, write_shard)
+from .shard import (ScanShard, Shard, _id_rows, _padded_ids, _rank_order, join_documents, kind_of,
+                    sentinel_for_width, sort_shard, width_for_vocab, write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
@@ -766,43 +766,6 @@ def _continuations(info: list, total: int, best: int, k: int, max_len: int, firs
     counts = np.bincount(inv, weights=np.concatenate(cnt_l), minlength=len(rows)).astype(np.int64)
     weights = np.bincount(inv, weights=np.concatenate(wts_l), minlength=len(rows))
     return rows, counts, weights
-
-
-@njit
-def _before(rows, counts, weights, a, b) -> bool:
-    """Does continuation a rank strictly before b: heavier, then more frequent, then by tokens ascending."""
-    if weights[a] != weights[b]:
-        return weights[a] > weights[b]
-    if counts[a] != counts[b]:
-        return counts[a] > counts[b]
-    for j in range(rows.shape[1]):
-        if rows[a, j] != rows[b, j]:
-            return rows[a, j] < rows[b, j]
-    return False
-
-
-@njit
-def _rank_order(rows, counts, weights):
-    """The ranking's order of the continuations, stable ([u] int64): a bottom-up merge sort (numba has no
-    lexsort, and the distinct rows make every key distinct, so any correct sort gives lexsort's order)."""
-    u = counts.shape[0]
-    order = np.arange(u)
-    spare = np.empty(u, np.int64)
-    run = 1
-    while run < u:
-        for lo in range(0, u, 2 * run):
-            mid, hi = min(lo + run, u), min(lo + 2 * run, u)
-            i, j = lo, mid
-            for out in range(lo, hi):
-                if j < hi and (i >= mid or _before(rows, counts, weights, order[j], order[i])):
-                    spare[out] = order[j]
-                    j += 1
-                else:
-                    spare[out] = order[i]
-                    i += 1
-        order, spare = spare, order
-        run *= 2
-    return order
 
 
 @njit

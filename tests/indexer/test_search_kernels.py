@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from indexer.shard import ScanShard, Shard, _continuations, be_dtype, join_documents
+from indexer.shard import ScanShard, Shard, be_dtype, join_documents
 from indexer.store import _continuations as store_continuations
 from indexer.store import _one_shard_ranked, _ranked
 
@@ -66,8 +66,38 @@ def ref_sample(sh, lo: int, hi: int, quota: int) -> np.ndarray:
     return np.asarray(sh.sa[lo + (np.arange(quota, dtype=np.int64) * r) // quota], dtype=np.int64)
 
 
+def ref_continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int, *, sort: bool):
+    """Distinct continuations of a match of length n at positions pos (in suffix-array order, so equal
+    continuations are adjacent, unless `sort`): (rows [u, max_len] int64 padded with the sentinel past a
+    document's end, lengths [u], counts [u]).
+
+    The rows stay in the stored dtype until the distinct ones are known: each row's bytes are one fixed-length
+    byte string, so finding where a row differs from the one above is one comparison of strings, not an
+    element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
+    time in such calls on a few hundred rows)."""
+    if pos.size == 0 or max_len <= 0:
+        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
+    rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
+    at_end = rows == sentinel
+    after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
+    if after is not None:
+        rows[after] = sentinel  # the sentinel is the largest value: token order is kept
+    if sort:
+        order = np.lexsort(rows.T[::-1])
+        rows = rows[order]
+        after = after[order] if after is not None else None
+    # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
+    # cannot make two strings of the same length equal)
+    keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(starts, len(keys)))
+    lengths = max_len - after[starts].sum(axis=1) if after is not None else np.full(len(starts), max_len)
+    return rows[starts].astype(np.int64), lengths, counts
+
+
 def ref_shard_continuations(sh, pos, n, max_len):
-    uniq, lengths, counts = _continuations(sh.tok, sh.sentinel, pos, n, max_len, sort=False)
+    uniq, lengths, counts = ref_continuations(sh.tok, sh.sentinel, pos, n, max_len, sort=False)
     if sh.alpha is not None:
         uniq = sh.alpha[np.minimum(uniq, sh.alpha.size - 1)]
     return uniq, lengths, counts
@@ -329,6 +359,12 @@ def test_scan_shard_matches_numpy(width):
                 if n:
                     matched += 1
                     same(sh._starts(cb[-n * width:]), want[1])  # the memo of this search
+                    for quota in (1, 5, 1000):
+                        pos = sh.sample(0, want[1].size, quota)
+                        for max_len in (0, 1, 4, 12):
+                            for got, ref in zip(sh.continuations(pos, n, max_len),
+                                                ref_continuations(sh.tok, sh.sentinel, pos, n, max_len, sort=True)):
+                                same(got, ref)
             sh._tl.memo = None
             same(sh._starts(cb), ref_scan_starts(sh.tok, q))
         assert matched
