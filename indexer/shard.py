@@ -4,8 +4,9 @@ Layout: tokens are stored big-endian with a fixed width (2 or 4 bytes) so that c
 two token runs compares them lexicographically as token sequences; every document is followed by a
 sentinel token (the width's largest value, never a real id), so a match or a continuation never crosses a
 document, and the array ends with one. The suffix array (int32, int64 past 2^31 tokens) orders all
-suffixes of the token array (pydivsufsort). Search is a binary search over the suffix array in plain
-Python on `bytes` slices of the mmap: each step is one memcmp, so a lookup costs ~26 steps at 50M tokens.
+suffixes of the token array (pydivsufsort). Search is a binary search over the suffix array, compiled
+(indexer/jit.py) over the token bytes viewed as uint8: comparing big-endian bytes compares tokens, and
+numba cannot read a big-endian array. A lookup costs ~26 steps at 50M tokens.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from rest_lsp.storage import atomic_file, fsync_dir
 
+from .jit import njit
 from .types import CorruptShard, TokenOutOfRange
 
 
@@ -112,34 +114,275 @@ def kind_of(meta: dict) -> str:
     return meta.get("kind", "repository")
 
 
-def _continuations(tok: np.ndarray, sentinel: int, pos: np.ndarray, n: int, max_len: int, *, sort: bool):
-    """Distinct continuations of a match of length n at positions pos (in suffix-array order, so equal
-    continuations are adjacent, unless `sort`): (rows [u, max_len] int64 padded with the sentinel past a
-    document's end, lengths [u], counts [u]).
+# ---- compiled search ------------------------------------------------------------------------------
+# tb: the token bytes (uint8, big-endian tokens from `off`), sa: the suffix array, w: bytes per token,
+# p / cb: pattern bytes (uint8). A suffix compares with a pattern as `bytes` slices do: a suffix that ends
+# before the pattern does (the last sentinel's) is smaller.
 
-    The rows stay in the stored dtype until the distinct ones are known: each row's bytes are one fixed-length
-    byte string, so finding where a row differs from the one above is one comparison of strings, not an
-    element-wise comparison and a reduction over a short row axis (a cold corpus search spent most of its
-    time in such calls on a few hundred rows)."""
-    if pos.size == 0 or max_len <= 0:
-        return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    idx = np.add.outer(pos, np.arange(n, n + max_len, dtype=np.int64))  # [p, max_len]
-    rows = tok.take(idx, mode="clip")  # clipped to the last token, a sentinel; a fresh C-ordered array
-    at_end = rows == sentinel
-    after = np.maximum.accumulate(at_end, axis=1) if at_end.any() else None  # at or past the document's end
-    if after is not None:
-        rows[after] = sentinel  # the sentinel is the largest value: token order is kept
-    if sort:
-        order = np.lexsort(rows.T[::-1])
-        rows = rows[order]
-        after = after[order] if after is not None else None
-    # equal-length byte strings: equal as strings exactly when equal as rows (numpy's trailing-NUL rule
-    # cannot make two strings of the same length equal)
-    keys = rows.view(f"S{rows.itemsize * max_len}").ravel()
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    counts = np.diff(np.append(starts, len(keys)))
-    lengths = max_len - after[starts].sum(axis=1) if after is not None else np.full(len(starts), max_len)
-    return rows[starts].astype(np.int64), lengths, counts
+@njit
+def _cmp_at(tb, s, p) -> int:
+    """-1, 0 or 1: tb[s:s + len(p)] compared with p."""
+    end = tb.shape[0]
+    for j in range(p.shape[0]):
+        if s + j >= end:  # only the final sentinel's suffix can end first (a pattern holds no sentinel)
+            return -1
+        a, b = tb[s + j], p[j]
+        if a != b:
+            return -1 if a < b else 1
+    return 0
+
+
+@njit
+def _sa_lower(tb, sa, off, w, p, lo, hi) -> int:
+    """The first SA index in [lo, hi) whose suffix is not below p (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _cmp_at(tb, off + sa[mid] * w, p) < 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit
+def _sa_upper(tb, sa, off, w, p, lo, hi) -> int:
+    """The first SA index in [lo, hi) whose suffix is above p and does not start with it (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _cmp_at(tb, off + sa[mid] * w, p) <= 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit
+def _sa_first(tb, sa, off, w, p) -> int:
+    """The first SA index whose suffix starts with p, or -1."""
+    n = sa.shape[0]
+    lo = _sa_lower(tb, sa, off, w, p, 0, n)
+    if lo >= n or _cmp_at(tb, off + sa[lo] * w, p) != 0:
+        return -1
+    return lo
+
+
+@njit
+def _sa_find(tb, sa, off, w, p, first):
+    """(lo, hi): the SA range of suffixes that start with p; first: `_sa_first` if known, else -1."""
+    lo = _sa_first(tb, sa, off, w, p) if first < 0 else first
+    if lo < 0:
+        return 0, 0
+    # gallop from lo (most ranges are short), then bisect the last step
+    n = sa.shape[0]
+    inside, step = lo, 1
+    while inside + step < n:
+        if _cmp_at(tb, off + sa[inside + step] * w, p) <= 0:
+            inside += step
+            step *= 2
+        else:
+            break
+    return lo, _sa_upper(tb, sa, off, w, p, inside + 1, min(inside + step, n))
+
+
+@njit
+def _last(cb, n, w):
+    """The last n tokens' bytes of cb, all of it when shorter (as the bytes slice cb[-n * w:])."""
+    return cb[max(0, cb.shape[0] - n * w):]
+
+
+@njit
+def _sa_longest(tb, sa, off, w, cb, n_lo, n_hi):
+    """(n, first) as Shard.longest for a shard without masked documents; (0, -1) if none."""
+    good_at = _sa_first(tb, sa, off, w, _last(cb, n_lo, w))
+    if good_at < 0:
+        return 0, -1
+    good, bad = n_lo, n_hi + 1
+    # gallop from the short end: typical matches are short
+    step = 1
+    while good + step < bad:
+        probe = good + step
+        at = _sa_first(tb, sa, off, w, _last(cb, probe, w))
+        if at >= 0:
+            good, good_at = probe, at
+            step *= 2
+        else:
+            bad = probe
+            break
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        at = _sa_first(tb, sa, off, w, _last(cb, mid, w))
+        if at >= 0:
+            good, good_at = mid, at
+        else:
+            bad = mid
+    return good, good_at
+
+
+@njit
+def _token_at(tb, off, w, n_tok, i) -> int:
+    """Token i of the big-endian bytes; past the end, the last one (a sentinel), as numpy's take(mode="clip")."""
+    s = off + min(i, n_tok - 1) * w
+    v = 0
+    for j in range(w):
+        v = (v << 8) | tb[s + j]
+    return v
+
+
+@njit
+def _sa_sample(sa, lo, hi, quota):
+    """Shard.sample for a shard without masked documents: [<= quota] int64 positions in SA order."""
+    r = hi - lo
+    if r <= 0 or quota <= 0:
+        return np.zeros(0, np.int64)
+    if r <= quota:
+        return sa[lo:hi].astype(np.int64)
+    pos = np.empty(quota, np.int64)
+    for i in range(quota):
+        pos[i] = sa[lo + (i * r) // quota]
+    return pos
+
+
+@njit
+def _grown(a, size):
+    """a's first rows in a new array of `size` rows (the rest uninitialized)."""
+    out = np.empty((size,) + a.shape[1:], a.dtype)
+    out[:a.shape[0]] = a
+    return out
+
+
+@njit
+def _same_row(a, i, b, k) -> bool:
+    for j in range(a.shape[1]):
+        if a[i, j] != b[k, j]:
+            return False
+    return True
+
+
+@njit
+def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
+    """The distinct continuations of a match of length n at positions pos (SA order: equal rows adjacent):
+    (rows [u, max_len] int64, the sentinel from a document's end on; lengths [u]; counts [u]). max_len > 0."""
+    # the arrays grow as distinct rows come: a few thousand positions often hold a few dozen distinct rows,
+    # and a fresh array for all of them (hundreds of kB) costs more in page faults than the gather itself
+    size = min(pos.shape[0], 64) + 1  # + 1: the slot after the last kept row holds the candidate
+    rows = np.empty((size, max_len), np.int64)
+    lengths = np.empty(size, np.int64)
+    counts = np.empty(size, np.int64)
+    u = 0
+    for i in range(pos.shape[0]):
+        length = max_len
+        for j in range(max_len):  # the candidate goes into slot u; kept only if it differs from u - 1
+            t = sentinel if j >= length else _token_at(tb, off, w, n_tok, pos[i] + n + j)
+            if t == sentinel:
+                length = min(length, j)
+            rows[u, j] = t
+        if u > 0 and _same_row(rows, u, rows, u - 1):
+            counts[u - 1] += 1
+            continue
+        lengths[u], counts[u] = length, 1
+        u += 1
+        if u == rows.shape[0]:
+            size = min(2 * size, pos.shape[0] + 1)
+            rows, lengths, counts = _grown(rows, size), _grown(lengths, size), _grown(counts, size)
+    return rows[:u], lengths[:u], counts[:u]
+
+
+@njit
+def _id_rows(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len):
+    """What a search takes from one shard without masked documents: the distinct non-empty continuations of
+    up to `quota` sampled occurrences in SA[lo:hi], in token ids: (rows [u, max_len] int64 padded with -1,
+    counts [u] int64), in SA order. alpha: the shard's alphabet (ranks -> ids), empty when tokens are ids."""
+    pos = _sa_sample(sa, lo, hi, quota)
+    rows, lengths, counts = _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len)
+    keep = 0
+    for i in range(rows.shape[0]):  # an occurrence at a document's end has nothing to continue with
+        if lengths[i] == 0:
+            continue
+        for j in range(max_len):
+            t = rows[i, j]
+            rows[keep, j] = -1 if j >= lengths[i] else (alpha[t] if alpha.shape[0] else t)
+        counts[keep] = counts[i]
+        keep += 1
+    return rows[:keep], counts[:keep]
+
+
+@njit
+def _before(rows, counts, weights, a, b) -> bool:
+    """Does continuation a rank strictly before b: heavier, then more frequent, then by tokens ascending."""
+    if weights[a] != weights[b]:
+        return weights[a] > weights[b]
+    if counts[a] != counts[b]:
+        return counts[a] > counts[b]
+    for j in range(rows.shape[1]):
+        if rows[a, j] != rows[b, j]:
+            return rows[a, j] < rows[b, j]
+    return False
+
+
+@njit
+def _rank_order(rows, counts, weights):
+    """The search's ranking of continuations (`_before`), stable ([u] int64): a bottom-up merge sort (numba
+    has no lexsort). With equal weights and counts, the rows' lexicographic order."""
+    u = counts.shape[0]
+    order = np.arange(u)
+    spare = np.empty(u, np.int64)
+    run = 1
+    while run < u:
+        for lo in range(0, u, 2 * run):
+            mid, hi = min(lo + run, u), min(lo + 2 * run, u)
+            i, j = lo, mid
+            for out in range(lo, hi):
+                if j < hi and (i >= mid or _before(rows, counts, weights, order[j], order[i])):
+                    spare[out] = order[j]
+                    j += 1
+                else:
+                    spare[out] = order[i]
+                    i += 1
+        order, spare = spare, order
+        run *= 2
+    return order
+
+
+@njit
+def _sorted_distinct_rows(tok, sentinel, pos, n, max_len):
+    """As `_distinct_rows` for positions in any order over native tokens (ScanShard): the rows sorted by
+    tokens, then grouped. max_len > 0."""
+    rows = np.empty((pos.shape[0], max_len), np.int64)
+    last = tok.shape[0] - 1
+    for i in range(pos.shape[0]):
+        ended = False
+        for j in range(max_len):  # past the token array: its last token (a sentinel), as take(mode="clip")
+            t = sentinel if ended else np.int64(tok[min(pos[i] + n + j, last)])
+            ended = t == sentinel
+            rows[i, j] = t
+    none = np.zeros(pos.shape[0], np.int64)
+    order = _rank_order(rows, none, none)
+    out = np.empty_like(rows)
+    lengths = np.empty(pos.shape[0], np.int64)
+    counts = np.empty(pos.shape[0], np.int64)
+    u = 0
+    for i in order:
+        if u > 0 and _same_row(rows, i, out, u - 1):
+            counts[u - 1] += 1
+            continue
+        out[u] = rows[i]
+        length = 0
+        while length < max_len and rows[i, length] != sentinel:
+            length += 1
+        lengths[u], counts[u] = length, 1
+        u += 1
+    return out[:u], lengths[:u], counts[:u]
+
+
+_NO_ALPHA = np.zeros(0, np.int64)  # `_id_rows`' alphabet for a shard that stores ids
+
+
+def _padded_ids(uniq: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`continuations`' output as `id_rows` gives it: empty continuations dropped, -1 after each one's end."""
+    keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
+    uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
+    uniq[np.arange(uniq.shape[1])[None, :] >= lengths[:, None]] = -1  # one padding for every shard
+    return uniq, counts
 
 
 class _HashingWriter:
@@ -225,11 +468,11 @@ class Shard:
             self.alpha = np.asarray(self.alpha, dtype=np.int64)
         self._ranks: np.ndarray | None = None  # _rank_table
         self.n = int(self.tok.shape[0])
-        if self.sa.size:
-            code = "i" if self.sa.dtype.itemsize == 4 else "q"
-            self.sav = memoryview(np.ascontiguousarray(self.sa)).cast("B").cast(code)
-        else:
-            self.sav = memoryview(b"")
+        # what the compiled search reads: the token bytes as uint8 (numba has no big-endian arrays), and the
+        # suffix array read-only like a mapped one's, so that in-memory and mapped shards share machine code
+        self._tbu = np.frombuffer(self.tb, dtype=np.uint8)
+        self._sa = np.ascontiguousarray(self.sa).view()
+        self._sa.flags.writeable = False
         self.sentinel = sentinel_for_width(self.width)
         self.set_dead(self.dead)
 
@@ -324,53 +567,15 @@ class Shard:
         return self.alpha[t] if self.alpha is not None else t
 
     # ---- search primitives ---------------------------------------------------------------------
-    def _lower(self, p: bytes, lo: int, hi: int) -> int:
-        tb, sa, off, w, m = self.tb, self.sav, self.off, self.width, len(p)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            s = off + sa[mid] * w
-            if tb[s:s + m] < p:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def _upper(self, p: bytes, lo: int, hi: int) -> int:
-        tb, sa, off, w, m = self.tb, self.sav, self.off, self.width, len(p)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            s = off + sa[mid] * w
-            if tb[s:s + m] <= p:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def _first(self, p: bytes) -> int:
         """Index of the first suffix that starts with p, or -1."""
-        lo = self._lower(p, 0, self.n)
-        if lo >= self.n:
-            return -1
-        s = self.off + self.sav[lo] * self.width
-        return lo if self.tb[s:s + len(p)] == p else -1
+        return _sa_first(self._tbu, self._sa, self.off, self.width, np.frombuffer(p, np.uint8))
 
     def find(self, p: bytes, first: int | None = None) -> tuple[int, int]:
         """SA range [lo, hi) of suffixes that start with the pattern bytes p. first: `_first(p)` if known
         (`longest` found it), which saves its binary search."""
-        lo = self._first(p) if first is None else first
-        if lo < 0:
-            return 0, 0
-        # gallop from lo (most ranges are short), then bisect the last step
-        tb, sa, off, w, m, n = self.tb, self.sav, self.off, self.width, len(p), self.n
-        inside, step = lo, 1
-        while inside + step < n:
-            s = off + sa[inside + step] * w
-            if tb[s:s + m] <= p:
-                inside += step
-                step *= 2
-            else:
-                break
-        return lo, self._upper(p, inside + 1, min(inside + step, n))
+        return _sa_find(self._tbu, self._sa, self.off, self.width, np.frombuffer(p, np.uint8),
+                        -1 if first is None else first)
 
     def occurs(self, p: bytes) -> bool:
         """Does p occur outside masked documents? (one binary search without masks)"""
@@ -408,9 +613,13 @@ class Shard:
         the first SA index of those n tokens (`count`'s `first`: the search then counts them without a
         binary search of its own). Occurrence is monotone in n (an occurrence of a suffix contains its
         shorter suffixes)."""
-        w = self.width
         if n_hi < n_lo or self.n == 0:
             return 0, None
+        if not self.dead:
+            n, first = _sa_longest(self._tbu, self._sa, self.off, self.width, np.frombuffer(cb, np.uint8),
+                                   n_lo, n_hi)
+            return (n, first) if n else (0, None)
+        w = self.width
         good_at = self._alive_first(cb[-n_lo * w:])
         if good_at < 0:
             return 0, None
@@ -438,6 +647,8 @@ class Shard:
     def sample(self, lo: int, hi: int, quota: int) -> np.ndarray:
         """Positions of up to `quota` occurrences spread evenly over SA[lo:hi] (all when they fit),
         in suffix-array order, masked documents removed."""
+        if not self.dead:
+            return _sa_sample(self._sa, lo, hi, quota)
         r = hi - lo
         if r <= 0 or quota <= 0:
             return np.zeros(0, dtype=np.int64)
@@ -460,10 +671,27 @@ class Shard:
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         """Distinct continuations after a match of length n at positions pos (in SA order).
         Returns (rows [u, max_len] int64 padded with the sentinel, lengths [u], counts [u])."""
-        uniq, lengths, counts = _continuations(self.tok, self.sentinel, pos, n, max_len, sort=False)
+        if pos.size == 0 or max_len <= 0:
+            return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        uniq, lengths, counts = _distinct_rows(self._tbu, self.off, self.width, self.n, self.sentinel,
+                                               np.asarray(pos, dtype=np.int64), n, max_len)
         if self.alpha is not None:  # ranks -> ids; padding past a document's end is cut by `lengths`
             uniq = self.alpha[np.minimum(uniq, self.alpha.size - 1)]
         return uniq, lengths, counts
+
+    def kernel_view(self) -> tuple:
+        """The compiled search's view of this shard: (token bytes uint8, off, width, tokens, sentinel, suffix
+        array, alphabet int64 or empty)."""
+        return (self._tbu, self.off, self.width, self.n, self.sentinel, self._sa,
+                _NO_ALPHA if self.alpha is None else self.alpha)
+
+    def id_rows(self, lo: int, hi: int, quota: int, n: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """A search's take from this shard: the distinct non-empty continuations (ids) of up to `quota`
+        occurrences spread over SA[lo:hi], each a match of length n: (rows [u, max_len] int64 padded with -1,
+        counts [u] int64), in SA order. max_len > 0."""
+        if not self.dead:  # one compiled call
+            return _id_rows(*self.kernel_view(), lo, hi, quota, n, max_len)
+        return _padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
 
     def prefault(self) -> None:
         """Map every page of the shard's files into this process now (from the page cache, or read from disk).
@@ -598,10 +826,51 @@ def join_documents(token_lists, width: int) -> tuple[np.ndarray, list[tuple[int,
     return arr, spans
 
 
+_SCAN_BLOCK = 128  # tokens a scan tests at once for its last token before looking at them one by one
+
+
+@njit
+def _scan_longest(tok, q, n_hi):
+    """(n, starts): the largest n <= n_hi whose last n tokens of q occur in tok (native ids), and where they
+    start, in text order ([k] int64); (0, []) when not even q's last token occurs. One pass: each position
+    holding q's last token is extended backwards."""
+    m = q.shape[0]
+    n_hi = min(n_hi, m)
+    best, k = 0, 0
+    ends = np.empty(16, np.int64)
+    if m == 0:
+        return best, ends[:0]
+    last = q[m - 1]
+    for b0 in range(0, tok.shape[0], _SCAN_BLOCK):
+        block = tok[b0:b0 + _SCAN_BLOCK]
+        hits = 0
+        # branch-free over a view (indices from 0: no negative-index wrapping), so compiled to SIMD: most
+        # blocks hold no candidate
+        for j in range(block.shape[0]):
+            hits += block[j] == last
+        if hits == 0:
+            continue
+        for i in range(b0, b0 + block.shape[0]):
+            if tok[i] != last:
+                continue
+            length = 1
+            while length < n_hi and length <= i and tok[i - length] == q[m - 1 - length]:
+                length += 1
+            if length < best:
+                continue
+            if length > best:
+                best, k = length, 0
+            if k == ends.shape[0]:
+                ends = _grown(ends, 2 * k)
+            ends[k] = i
+            k += 1
+    return best, ends[:k] - best + 1
+
+
 class ScanShard:
-    """A live shard searched by a vectorized scan instead of a suffix array: replacing it costs one array
-    conversion (well under a millisecond for 5,000 lines), and a search scans it once for the last context
-    token and then narrows the candidates (about 0.1-0.3 ms at 50k tokens). Same interface as Shard."""
+    """A live shard searched by a scan instead of a suffix array: replacing it costs one array conversion
+    (well under a millisecond for 5,000 lines), and a search is one compiled pass over it that extends every
+    occurrence of the last context token backwards (`_scan_longest`). Same interface as Shard."""
 
     def __init__(self, shard_id: str, kind: str, tokens, width: int, weight: float = 1.0):
         self.id, self.kind, self.width, self.weight = shard_id, kind, width, weight
@@ -628,31 +897,15 @@ class ScanShard:
     def ids(self, start: int, end: int) -> np.ndarray:
         return self.tok[start:end].astype(np.int64)
 
-    def _ends(self, q: np.ndarray, n_hi: int):
-        """Positions where runs matching q's suffix end, for each length 1..n_hi until none remain."""
-        t = self.tok
-        ends = np.flatnonzero(t == q[-1])
-        if ends.size == 0:  # not even the last token occurs: no length matches
-            return
-        yield 1, ends
-        for j in range(1, n_hi):
-            ends = ends[ends >= j]
-            ends = ends[t[ends - j] == q[-1 - j]]
-            if ends.size == 0:
-                return
-            yield j + 1, ends
-
     def longest(self, cb: bytes, n_lo: int, n_hi: int) -> tuple[int, None]:
         """As Shard.longest; no first index to give (`count` reads this search's memo instead)."""
         if n_hi < n_lo or self.n == 0:
             return 0, None
-        q = np.frombuffer(cb, dtype=be_dtype(self.width)).astype(np.int64)
-        best, best_ends = 0, None
-        for n, ends in self._ends(q, n_hi):
-            best, best_ends = n, ends
+        best, starts = _scan_longest(self.tok, np.frombuffer(cb, dtype=be_dtype(self.width)).astype(np.int64),
+                                     n_hi)
         if best < n_lo:
             return 0, None
-        self._tl.memo = (cb[-best * self.width:], best_ends - best + 1)
+        self._tl.memo = (cb[-best * self.width:], starts)
         return best, None
 
     def _starts(self, p: bytes) -> np.ndarray:
@@ -660,10 +913,9 @@ class ScanShard:
         if memo is not None and memo[0] == p:
             return memo[1]
         q = np.frombuffer(p, dtype=be_dtype(self.width)).astype(np.int64)
-        ends = np.zeros(0, dtype=np.int64)
-        for n, e in self._ends(q, q.size):
-            ends = e if n == q.size else ends
-        starts = ends - q.size + 1
+        n, starts = _scan_longest(self.tok, q, q.size)
+        if n < q.size:
+            starts = np.zeros(0, dtype=np.int64)
         self._tl.memo = (p, starts)
         return starts
 
@@ -687,6 +939,13 @@ class ScanShard:
         """The first n occurrences in text order: a scan shard has no suffix array."""
         return self.sample(lo, hi, hi - lo)[:n]
 
+    def id_rows(self, lo: int, hi: int, quota: int, n: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """As Shard.id_rows, over this search's occurrences (in text order, see `sample`)."""
+        return _padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
+
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
-        # positions are in text order here, not suffix order: sort the rows before grouping them
-        return _continuations(self.tok, self.sentinel, pos, n, max_len, sort=True)
+        """As Shard.continuations; positions are in text order here, not suffix order: the rows are sorted
+        before they are grouped."""
+        if pos.size == 0 or max_len <= 0:
+            return np.zeros((0, max(max_len, 0)), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return _sorted_distinct_rows(self.tok, self.sentinel, np.asarray(pos, dtype=np.int64), n, max_len)

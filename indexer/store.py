@@ -24,8 +24,9 @@ from . import discover as disc
 from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
-from .shard import (ScanShard, Shard, join_documents, kind_of, sentinel_for_width, sort_shard, width_for_vocab,
-                    write_shard)
+from .jit import njit
+from .shard import (ScanShard, Shard, _id_rows, _padded_ids, _rank_order, join_documents, kind_of,
+                    sentinel_for_width, sort_shard, width_for_vocab, write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
@@ -287,8 +288,15 @@ class Datastore:
                 total += c
         if k <= 0 or max_len <= 0:
             return SearchRows.empty(best, total, max_len)
+        lim = -1 if limit is None else max(0, limit)
+        if len(info) == 1 and not first_k and isinstance(info[0][0], Shard) and not info[0][0].dead:
+            # the common case (the corpus alone holds the match): sample to ranking in one compiled call
+            sh, c, lo, hi = info[0]
+            quota = (hi - lo) if total <= k else max(1, round(k * c / total))
+            return SearchRows(best, total, *_one_shard_ranked(*sh.kernel_view(), lo, hi, quota, best, max_len,
+                                                              float(sh.weight), lim))
         rows, counts, weights = _continuations(info, total, best, k, max_len, first_k)
-        return SearchRows(best, total, *_ranked(rows, counts, weights, max_len, limit))
+        return SearchRows(best, total, *_ranked(rows, counts, weights, lim))
 
     def _maybe_refresh(self) -> None:
         """Pick up another writer's changes at most every REFRESH_INTERVAL_S (auto_refresh)."""
@@ -734,9 +742,8 @@ def _longest_match(shards, ctx_a: np.ndarray, n_min: int) -> tuple[int, list]:
 
 def _continuations(info: list, total: int, best: int, k: int, max_len: int, first_k: bool):
     """Up to k occurrences' continuations over the shards' match ranges `info` [(shard, count, lo, hi)],
-    distinct: (rows [u, max_len] padded with -1, counts, weights)."""
+    distinct: (rows [u, max_len] padded with -1, counts [u] int64, weights [u] float64)."""
     rows_l, cnt_l, wts_l = [], [], []
-    cols = np.arange(max_len)[None, :]
     left = k
     for sh, c, lo, hi in info:
         if first_k:
@@ -744,16 +751,13 @@ def _continuations(info: list, total: int, best: int, k: int, max_len: int, firs
                 break
             pos = sh.first(lo, hi, left)
             left -= int(pos.size)
+            uniq, counts = _padded_ids(*sh.continuations(pos, best, max_len))
         else:
             quota = (hi - lo) if total <= k else max(1, round(k * c / total))
-            pos = sh.sample(lo, hi, quota)
-        uniq, lengths, counts = sh.continuations(pos, best, max_len)  # [u, max_len], [u], [u]
-        keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
-        uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
-        uniq[cols >= lengths[:, None]] = -1  # one padding for every shard: shorter sorts first
+            uniq, counts = sh.id_rows(lo, hi, quota, best, max_len)
         rows_l.append(uniq)
         cnt_l.append(counts)
-        wts_l.append(counts * sh.weight)
+        wts_l.append(counts * float(sh.weight))
     if len(rows_l) == 1:  # distinct already
         return rows_l[0], cnt_l[0], wts_l[0]
     # the same continuation from several shards: one entry, counts and weights summed
@@ -764,13 +768,27 @@ def _continuations(info: list, total: int, best: int, k: int, max_len: int, firs
     return rows, counts, weights
 
 
-def _ranked(rows: np.ndarray, counts: np.ndarray, weights: np.ndarray, max_len: int,
-            limit: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The continuations heaviest first, then most frequent, then by tokens (the first `limit`)."""
-    order = np.lexsort(tuple(rows[:, j] for j in range(max_len - 1, -1, -1)) + (-counts, -weights))
-    if limit is not None:
-        order = order[:max(0, limit)]
-    return rows[order], counts[order].astype(np.int64), weights[order].astype(np.float64)
+@njit
+def _ranked(rows, counts, weights, limit):
+    """The continuations heaviest first, then most frequent, then by tokens: the first `limit` (-1: all) of
+    (rows [u, max_len] int64, counts [u] int64, weights [u] float64)."""
+    order = _rank_order(rows, counts, weights)
+    m = order.shape[0] if limit < 0 else min(limit, order.shape[0])
+    out_rows = np.empty((m, rows.shape[1]), np.int64)
+    out_counts = np.empty(m, np.int64)
+    out_weights = np.empty(m, np.float64)
+    for i in range(m):
+        out_rows[i] = rows[order[i]]
+        out_counts[i] = counts[order[i]]
+        out_weights[i] = weights[order[i]]
+    return out_rows, out_counts, out_weights
+
+
+@njit
+def _one_shard_ranked(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len, weight, limit):
+    """`_ranked` of one shard's `Shard.id_rows` (no masked documents; arguments as `Shard.kernel_view`)."""
+    rows, counts = _id_rows(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len)
+    return _ranked(rows, counts, counts * weight, limit)
 
 
 class _Edit:
