@@ -825,3 +825,20 @@ def _fingerprint_of(tokenizer):
         tok = load_tokenizer(tokenizer)
         return tok, fingerprint(tok)
     return tokenizer, fingerprint(tokenizer)
+
+
+def searched_store() -> "Datastore":
+    """A tiny in-memory store holding a shard of each storage kind (2-byte ranks with an alphabet, 4-byte ids)
+    and a live buffer, searched once at every match level: the search's compiled loops are compiled now (the
+    first time on a machine: seconds) or loaded from the disk cache (milliseconds), not in a first completion.
+    Returned so that the drafter can draft over it too (rest_lsp.engine.drafter.compile_kernels)."""
+    rng = np.random.default_rng(0)
+    tokens = np.concatenate([rng.integers(0, 60, 300), np.tile(np.arange(60, 80), 8)]).astype(np.uint32)
+    ds = Datastore.memory(vocab_size=70_000)
+    ds._install(ds.manifest, [Shard.from_tokens("ranks", "repository", tokens, 4, compact=True),
+                              Shard.from_tokens("ids", "corpus", tokens + 65_600, 4)])
+    ds.set_live("live", tokens.tolist())
+    for context in (tokens[:40].tolist(), np.arange(60, 75).tolist(), [1, 2, 3]):
+        for n_max, n_min in ((16, 2), (2, 2)):
+            ds.search_rows(context, n_max=n_max, n_min=n_min, k=256, max_len=6, limit=32)
+    return ds

@@ -108,3 +108,27 @@ class Drafter:
     def finish(self) -> None:
         """The generation ended (or was set aside): learn from what its output decided."""
         self.acceptance.finish()
+
+
+def compile_kernels() -> None:
+    """Every compiled loop of a drafting step (indexer/jit.py), compiled now (the first time on a machine:
+    seconds) or loaded from the disk cache (a few hundred ms), so that no completion waits for it: drafts
+    with every source kind over a tiny in-memory store."""
+    from indexer.store import searched_store
+
+    from .sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
+
+    store = searched_store()
+    text = np.arange(60, 80).tolist() * 4
+    context, history, recycle = ContextSource(), HistorySource(), RecyclingSource()
+    context.set_buffer("open", text)
+    history.extend(text)
+    drafter = Drafter([(context, 0.3), (history, 0.2), (DatastoreSource(store, name="repository"), 0.2),
+                       (DatastoreSource(store, max_len=6), 0.2), (recycle, 0.1)])
+    prompt = text[:30]
+    drafter.begin(prompt)
+    tree = drafter.draft(prompt, 8)
+    drafter.observe_forward(tree, torch.zeros(len(tree), 100))
+    drafter.observe(text[30:33])
+    drafter.draft(prompt + text[30:33], 8)
+    drafter.finish()

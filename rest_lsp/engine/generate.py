@@ -30,7 +30,7 @@ import torch
 
 from .acceptance import DEFAULT_LR
 from .cost import CostModel, cost_key, load_or_measure
-from .drafter import Drafter
+from .drafter import Drafter, compile_kernels
 from .kvpool import KVPool, common_prefix
 from .sources import DraftSource
 from .stops import StopChecker
@@ -143,6 +143,8 @@ class Engine:
         self.vocab_size: int = int(self.model.config.vocab_size)
         self.drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
                                acceptance_lr=acceptance_lr, vocab_size=self.vocab_size)
+        if self.drafter:  # the drafting's compiled loops now, not in the first completion (seconds, once)
+            compile_kernels()
         self.cost = cost
         if eos_token_ids is None:  # eos, the generation config's eos, and the FIM family's end-of-infill tokens
             eos_token_ids = self._default_eos() + ([] if bare else list(getattr(loaded, "stop_ids", None) or []))
