@@ -5,7 +5,7 @@ two token runs compares them lexicographically as token sequences; every documen
 sentinel token (the width's largest value, never a real id), so a match or a continuation never crosses a
 document, and the array ends with one. The suffix array (int32, int64 past 2^31 tokens) orders all
 suffixes of the token array (pydivsufsort). Search is a binary search over the suffix array, compiled
-(indexer/jit.py) over the token bytes viewed as uint8: comparing big-endian bytes compares tokens, and
+(rest_lsp/jit.py) over the token bytes viewed as uint8: comparing big-endian bytes compares tokens, and
 numba cannot read a big-endian array. A lookup costs ~26 steps at 50M tokens.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from rest_lsp.storage import atomic_file, fsync_dir
 
-from .jit import njit
+from rest_lsp.jit import njit
 from .types import CorruptShard, TokenOutOfRange
 
 
@@ -288,7 +288,7 @@ def _distinct_rows(tb, off, w, n_tok, sentinel, pos, n, max_len):
 
 
 @njit
-def _id_rows(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len):
+def id_rows_kernel(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len):
     """What a search takes from one shard without masked documents: the distinct non-empty continuations of
     up to `quota` sampled occurrences in SA[lo:hi], in token ids: (rows [u, max_len] int64 padded with -1,
     counts [u] int64), in SA order. alpha: the shard's alphabet (ranks -> ids), empty when tokens are ids."""
@@ -320,7 +320,7 @@ def _before(rows, counts, weights, a, b) -> bool:
 
 
 @njit
-def _rank_order(rows, counts, weights):
+def rank_order_kernel(rows, counts, weights):
     """The search's ranking of continuations (`_before`), stable ([u] int64): a bottom-up merge sort (numba
     has no lexsort). With equal weights and counts, the rows' lexicographic order."""
     u = counts.shape[0]
@@ -356,7 +356,7 @@ def _sorted_distinct_rows(tok, sentinel, pos, n, max_len):
             ended = t == sentinel
             rows[i, j] = t
     none = np.zeros(pos.shape[0], np.int64)
-    order = _rank_order(rows, none, none)
+    order = rank_order_kernel(rows, none, none)
     out = np.empty_like(rows)
     lengths = np.empty(pos.shape[0], np.int64)
     counts = np.empty(pos.shape[0], np.int64)
@@ -374,10 +374,10 @@ def _sorted_distinct_rows(tok, sentinel, pos, n, max_len):
     return out[:u], lengths[:u], counts[:u]
 
 
-_NO_ALPHA = np.zeros(0, np.int64)  # `_id_rows`' alphabet for a shard that stores ids
+_NO_ALPHA = np.zeros(0, np.int64)  # `id_rows_kernel`' alphabet for a shard that stores ids
 
 
-def _padded_ids(uniq: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def padded_ids(uniq: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`continuations`' output as `id_rows` gives it: empty continuations dropped, -1 after each one's end."""
     keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
     uniq, lengths, counts = uniq[keep], lengths[keep], counts[keep]
@@ -690,8 +690,8 @@ class Shard:
         occurrences spread over SA[lo:hi], each a match of length n: (rows [u, max_len] int64 padded with -1,
         counts [u] int64), in SA order. max_len > 0."""
         if not self.dead:  # one compiled call
-            return _id_rows(*self.kernel_view(), lo, hi, quota, n, max_len)
-        return _padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
+            return id_rows_kernel(*self.kernel_view(), lo, hi, quota, n, max_len)
+        return padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
 
     def prefault(self) -> None:
         """Map every page of the shard's files into this process now (from the page cache, or read from disk).
@@ -941,7 +941,7 @@ class ScanShard:
 
     def id_rows(self, lo: int, hi: int, quota: int, n: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
         """As Shard.id_rows, over this search's occurrences (in text order, see `sample`)."""
-        return _padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
+        return padded_ids(*self.continuations(self.sample(lo, hi, quota), n, max_len))
 
     def continuations(self, pos: np.ndarray, n: int, max_len: int):
         """As Shard.continuations; positions are in text order here, not suffix order: the rows are sorted

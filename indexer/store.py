@@ -24,8 +24,8 @@ from . import discover as disc
 from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
-from .jit import njit
-from .shard import (ScanShard, Shard, _id_rows, _padded_ids, _rank_order, join_documents, kind_of,
+from rest_lsp.jit import njit
+from .shard import (ScanShard, Shard, id_rows_kernel, padded_ids, rank_order_kernel, join_documents, kind_of,
                     sentinel_for_width, sort_shard, width_for_vocab, write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
 
@@ -65,6 +65,7 @@ class Datastore:
         self._cache_lock = threading.Lock()
         self._cache: dict[tuple, SearchResult] = {}
         self._cache_for: tuple = ()  # the snapshot the cached results were found in
+        compile_kernels()
         self._install(manifest, shards)
         self._sig = manifest_signature(self.path) if self.path is not None else None
 
@@ -751,7 +752,7 @@ def _continuations(info: list, total: int, best: int, k: int, max_len: int, firs
                 break
             pos = sh.first(lo, hi, left)
             left -= int(pos.size)
-            uniq, counts = _padded_ids(*sh.continuations(pos, best, max_len))
+            uniq, counts = padded_ids(*sh.continuations(pos, best, max_len))
         else:
             quota = (hi - lo) if total <= k else max(1, round(k * c / total))
             uniq, counts = sh.id_rows(lo, hi, quota, best, max_len)
@@ -772,7 +773,7 @@ def _continuations(info: list, total: int, best: int, k: int, max_len: int, firs
 def _ranked(rows, counts, weights, limit):
     """The continuations heaviest first, then most frequent, then by tokens: the first `limit` (-1: all) of
     (rows [u, max_len] int64, counts [u] int64, weights [u] float64)."""
-    order = _rank_order(rows, counts, weights)
+    order = rank_order_kernel(rows, counts, weights)
     m = order.shape[0] if limit < 0 else min(limit, order.shape[0])
     out_rows = np.empty((m, rows.shape[1]), np.int64)
     out_counts = np.empty(m, np.int64)
@@ -787,7 +788,7 @@ def _ranked(rows, counts, weights, limit):
 @njit
 def _one_shard_ranked(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len, weight, limit):
     """`_ranked` of one shard's `Shard.id_rows` (no masked documents; arguments as `Shard.kernel_view`)."""
-    rows, counts = _id_rows(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len)
+    rows, counts = id_rows_kernel(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, max_len)
     return _ranked(rows, counts, counts * weight, limit)
 
 
@@ -827,11 +828,15 @@ def _fingerprint_of(tokenizer):
     return tokenizer, fingerprint(tokenizer)
 
 
-def searched_store() -> "Datastore":
-    """A tiny in-memory store holding a shard of each storage kind (2-byte ranks with an alphabet, 4-byte ids)
-    and a live buffer, searched once at every match level: the search's compiled loops are compiled now (the
-    first time on a machine: seconds) or loaded from the disk cache (milliseconds), not in a first completion.
-    Returned so that the drafter can draft over it too (rest_lsp.engine.drafter.compile_kernels)."""
+def compile_kernels() -> None:
+    """The search's compiled loops, compiled now (the first time on a machine: seconds) or loaded from the disk
+    cache (milliseconds), not in a first completion: a tiny in-memory store holding a shard of each storage
+    kind (2-byte ranks with an alphabet, 4-byte ids) and a live buffer, searched once at every match level.
+    The first store a process opens calls it."""
+    global _COMPILED
+    if _COMPILED:
+        return
+    _COMPILED = True
     rng = np.random.default_rng(0)
     tokens = np.concatenate([rng.integers(0, 60, 300), np.tile(np.arange(60, 80), 8)]).astype(np.uint32)
     ds = Datastore.memory(vocab_size=70_000)
@@ -841,4 +846,6 @@ def searched_store() -> "Datastore":
     for context in (tokens[:40].tolist(), np.arange(60, 75).tolist(), [1, 2, 3]):
         for n_max, n_min in ((16, 2), (2, 2)):
             ds.search_rows(context, n_max=n_max, n_min=n_min, k=256, max_len=6, limit=32)
-    return ds
+
+
+_COMPILED = False

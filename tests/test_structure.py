@@ -114,7 +114,7 @@ def test_no_import_cycles():
 
 # What each area may import of the project (docs/ARCHITECTURE.md, "Modules"). An area is a subpackage of
 # rest_lsp, indexer, or a top-level module of rest_lsp.
-_BASE = {"rest_lsp.filenames", "rest_lsp.storage"}
+_BASE = {"rest_lsp.filenames", "rest_lsp.storage", "rest_lsp.jit"}
 ALLOWED = {
     "rest_lsp": set(),
     "rest_lsp.storage": set(),
@@ -122,7 +122,8 @@ ALLOWED = {
     "rest_lsp.transport": set(),
     "rest_lsp.documents": set(),
     "rest_lsp.assets": {"rest_lsp.storage"},
-    "indexer": {"rest_lsp.storage", "rest_lsp.assets"},          # torch-free: never the model or engine
+    "rest_lsp.jit": {"rest_lsp.storage"},
+    "indexer": {"rest_lsp.storage", "rest_lsp.assets", "rest_lsp.jit"},          # torch-free: never the model or engine
     "rest_lsp.engine": _BASE,                                     # calls the model through its Verifier
     "rest_lsp.model": _BASE | {"rest_lsp.assets", "rest_lsp.engine", "indexer"},
     "rest_lsp.service": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from indexer.jit import njit
+from rest_lsp.jit import njit
 
 from .trie import TokenTrie, path_products
 

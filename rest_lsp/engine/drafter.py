@@ -10,6 +10,7 @@ model, so the replay's steps are the engine's steps.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
@@ -111,20 +112,17 @@ class Drafter:
 
 
 def compile_kernels() -> None:
-    """Every compiled loop of a drafting step (indexer/jit.py), compiled now (the first time on a machine:
-    seconds) or loaded from the disk cache (a few hundred ms), so that no completion waits for it: drafts
-    with every source kind over a tiny in-memory store."""
-    from indexer.store import searched_store
+    """The drafting's compiled loops (rest_lsp/jit.py), compiled now (the first time on a machine: seconds) or
+    loaded from the disk cache (milliseconds), so that no completion waits for them: drafts with the context,
+    history and recycling sources and a merge of two datastore match levels (the datastore's own loops are
+    compiled when the first store opens: indexer.store.compile_kernels)."""
+    from .sources import ContextSource, HistorySource, RecyclingSource, merge_levels
 
-    from .sources import ContextSource, DatastoreSource, HistorySource, RecyclingSource
-
-    store = searched_store()
     text = np.arange(60, 80).tolist() * 4
     context, history, recycle = ContextSource(), HistorySource(), RecyclingSource()
     context.set_buffer("open", text)
     history.extend(text)
-    drafter = Drafter([(context, 0.3), (history, 0.2), (DatastoreSource(store, name="repository"), 0.2),
-                       (DatastoreSource(store, max_len=6), 0.2), (recycle, 0.1)])
+    drafter = Drafter([(context, 0.4), (history, 0.4), (recycle, 0.2)])
     prompt = text[:30]
     drafter.begin(prompt)
     tree = drafter.draft(prompt, 8)
@@ -132,3 +130,6 @@ def compile_kernels() -> None:
     drafter.observe(text[30:33])
     drafter.draft(prompt + text[30:33], 8)
     drafter.finish()
+    rows = np.array([[1, 2, -1], [3, 4, 5]], dtype=np.int64)
+    level = SimpleNamespace(match_len=2, rows=rows, weights=np.array([2.0, 1.0]))
+    merge_levels([(4, level), (2, level)], 32, 3)

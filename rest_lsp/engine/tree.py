@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from indexer.jit import njit
+from rest_lsp.jit import njit
 
 from .trie import TokenTrie
 

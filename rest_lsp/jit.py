@@ -7,7 +7,8 @@ root (`numba/`), so a process after the first loads them in milliseconds.
 
     njit(fn)   fn compiled (nopython, the GIL released, cached on disk)
 
-Imports nothing of torch: the indexer must stay importable without it.
+Imports nothing of the project but storage, and never torch: the indexer uses it and must stay importable
+without torch.
 """
 from __future__ import annotations
 
