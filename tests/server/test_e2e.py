@@ -184,18 +184,21 @@ async def test_bad_input_keeps_the_server_up(session, tiny_model, tmp_path):
 
 
 async def test_cancellation_and_supersession(session, tiny_model, tmp_path):
-    # long generations: plain decoding, many tokens, no time budget, no line limit
+    # long generations: plain decoding, many tokens, no time budgets (no partial answers), no line limit
     await session.initialize({"model": str(tiny_model), "maxTokens": 3000, "maxLines": 100000,
-                              "timeBudgetMs": 0, "draftBudget": 0, "index_workspace": False})
+                              "timeBudgetMs": 0, "predictBudgetMs": 0, "promptBudgetMs": 0, "draftBudget": 0,
+                              "index_workspace": False})
     uri = (tmp_path / "long.py").as_uri()
     session.open(uri, SOURCE)
     await wait_for(session, lambda st: st["model"]["state"] == "ready", "model")
-    # supersession: a newer request for the same document wins without any $/cancelRequest (after "main():",
-    # where the tiny model's greedy output runs for seconds before it ends its first line)
-    older = asyncio.ensure_future(session.complete(uri, 9, 11))
+    # supersession: a newer request for the same document wins without any $/cancelRequest. The cursor is at
+    # the end of the file, at the top level: no later line can leave its block and no code after it can be
+    # repeated, so only the 3000 tokens end the answer, whatever the tiny model says on this CPU (after
+    # "main():" a CPU with bf16 made it end the block within a second, before the cancellation came)
+    older = asyncio.ensure_future(session.complete(uri, 11, 0))
     await asyncio.sleep(1.0)
     newer = asyncio.ensure_future(session.request(
-        types.TEXT_DOCUMENT_INLINE_COMPLETION, session.inline_params(uri, 9, 11, invoked=True), msg_id="newer"))
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, session.inline_params(uri, 11, 0, invoked=True), msg_id="newer"))
     r = await older
     assert not r.items
     st = await session.stats()
@@ -211,7 +214,7 @@ async def test_cancellation_and_supersession(session, tiny_model, tmp_path):
     st = await session.stats()
     assert st["predictions"]["live"] == 1 and st["model"]["running"]
     # ... until an edit contradicts it: it stops at its next step, and its work counts as wasted
-    session.edit(uri, 2, (9, 11), (9, 11), "\u00a7\u00a7 nothing a model would say")
+    session.edit(uri, 2, (11, 0), (11, 0), "\u00a7\u00a7 nothing a model would say")
     st = await wait_for(session, lambda st: st["totals"]["wasted_steps"] > 0 and not st["model"]["running"],
                         "the stopped decode")
     t = st["totals"]
