@@ -62,6 +62,15 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def bf16_packing_available() -> bool:
+    """oneDNN packs and multiplies bf16 here: it needs AVX512-BW/VL/DQ, AVX-NE-CONVERT or AMX (an AVX2-only CPU
+    has none; torch's own bf16 matmul still runs there, through the eager verifier)."""
+    return packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+_NO_BF16 = "need oneDNN's bf16 kernels (AVX512-BW/VL/DQ, AVX-NE-CONVERT or AMX), which this CPU lacks"
+
+
 def _check_supported(model: Any) -> None:
     cfg = model.config
     arch = getattr(cfg, "model_type", None)
@@ -74,6 +83,8 @@ def _check_supported(model: Any) -> None:
         raise UnsupportedModel("fast verifier: CPU models only")
     if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
         raise UnsupportedModel("fast verifier: fp32, bf16 or per-row int8 (Int8RowLinear) weights only")
+    if any(p.dtype == torch.bfloat16 for p in params) and not bf16_packing_available():
+        raise UnsupportedModel(f"fast verifier: bf16 weights {_NO_BF16}")
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
@@ -300,6 +311,8 @@ class FastVerifier(SlotCache):
         self.max_positions = max_pos
         if screen and compiled:
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
+        if screen and not bf16_packing_available():
+            raise UnsupportedModel(f"fast verifier: the screened head's bf16 copy and product {_NO_BF16}")
         if compiled and is_int8(model):
             raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()

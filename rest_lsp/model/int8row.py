@@ -4,6 +4,7 @@
     Int8RowLinear.fuse(a, b, ...) -> one module whose output is [a(x), b(x), ...] concatenated
     quantize_model(model, head=None) -> the same model, its decoder's nn.Linear layers replaced
     int_mm_exact() -> bool: torch._int_mm gives exact int32 products on this CPU (checked once per process)
+    onednn_exact() -> bool: so does oneDNN's prepacked u8 x s8 product (not on AVX2-only CPUs)
 
 Why per row: torch's `quantize_dynamic` quantizes a call's activations with one scale for all its rows, so a
 row's output depends on the other rows of a verification and draft-tree speculation would change what greedy
@@ -21,8 +22,10 @@ row of a decoder layer, where it is faster. Measured on the development CPU (2 t
 weights, cold in cache): gate/up 9728x896: 1 row 10.9 (_int_mm) / 10.8 (oneDNN), 8 rows 18.0 / 11.0;
 down 896x4864: 1 row 3.6 / 5.8, 8 rows 7.8 / 6.3; the head 151936x896, 1 row 7.0 / 5.6 (padded to 4 rows),
 8 rows 12.0 / 8.0. oneDNN's signed-int8 activation path is a slow reference kernel (2.3 s), hence uint8.
-`int_mm_exact()` checks at load that both return the exact sums (a CPU whose int8 dot products saturate
-int16 intermediates, as AVX2's vpmaddubsw does, would fail it, and `int8` is then refused).
+`int_mm_exact()` and `onednn_exact()` check once per process that each returns the exact sums: on an AVX2-only
+CPU oneDNN's does not (vpmaddubsw saturates its int16 pair sums) and every product goes to torch._int_mm, still
+exact (8 rows of 9728x896: 41 ms against fp32's 12 on a Zen3 EPYC, so there int8 is correct but slow); where
+torch._int_mm is not exact either, `int8` is refused.
 
 Exactness of the int32 sum: |sum| <= 255 * 127 * K (uint8 side) < 2^31 for K < 66,000 (checked).
 """
@@ -41,7 +44,7 @@ _MAX_K = (2 ** 31 - 1) // (255 * 127)  # largest K whose int32 sum cannot overfl
 # one row goes to torch._int_mm for layers up to this many outputs (faster there); the head and 2+ rows to oneDNN
 INT_MM_MAX_OUT = 16384
 MIN_ROWS = 4  # oneDNN's int8 product is faster for 4 rows than for 1 or 2 (as the float one: fast.MIN_ROWS)
-_EXACT: bool | None = None
+_EXACT: dict[str, bool] = {}  # kernel -> its products are exact here
 
 
 def onednn_available() -> bool:
@@ -97,7 +100,7 @@ class Int8RowLinear(torch.nn.Module):
         return Int8RowLinear(self.qweight.clone(), self.scale.clone(), None if self.bias is None else self.bias.clone())
 
     def _product(self, t: torch.Tensor) -> torch.Tensor:  # t [M, K] integral fp32 -> fp32 [M, N], the exact sums
-        if not onednn_available() or (t.shape[0] == 1 and self.out_features <= INT_MM_MAX_OUT):
+        if not onednn_exact() or (t.shape[0] == 1 and self.out_features <= INT_MM_MAX_OUT):
             return torch._int_mm(t.to(torch.int8), self.qweight.t()).float()
         if self._packed is None:
             self._packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
@@ -141,32 +144,45 @@ class Int8RowLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _exact_sums(kernel) -> bool:
+    """Whether kernel(a int8 [M, K]) returns float(a @ W^T) exactly for a fixed extreme W (sums past 2^24, where
+    the conversion rounds), for 1 and several rows (a backend that saturated int16 intermediates would fail)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(-127, 128, (96, 2000), dtype=torch.int8, generator=g)
+    w[::2, :1500] = 127
+    w[1::2, :1500] = -127
+    try:
+        k = kernel(w)
+        for m in (1, 3, 8, 37):
+            a = torch.randint(-127, 128, (m, 2000), dtype=torch.int8, generator=g)
+            a[0] = 127
+            a[-1, ::2] = -127
+            if not torch.equal(k(a), (a.double() @ w.t().double()).float()):
+                return False
+        return True
+    except (RuntimeError, AttributeError):  # no such int8 product on this build
+        return False
+
+
 def int_mm_exact() -> bool:
-    """Both kernels return float(the exact integer sum) here, at extreme values (sums past 2^24, where the
-    conversion rounds), for 1 and several rows (a backend that saturated int16 intermediates would fail)."""
-    global _EXACT
-    if _EXACT is None:
-        try:
-            g = torch.Generator().manual_seed(0)
-            w = torch.randint(-127, 128, (96, 2000), dtype=torch.int8, generator=g)
-            w[::2, :1500] = 127
-            w[1::2, :1500] = -127
-            ok = True
-            kernels = [lambda a: torch._int_mm(a, w.t()).float()]
-            if onednn_available():
-                packed = torch.ops.onednn.qlinear_prepack(w, None)
-                ones, zeros = torch.ones(96), torch.zeros(96, dtype=torch.long)
-                kernels.append(lambda a: _onednn_mm(a.float(), packed, ones, zeros))
-            for m in (1, 3, 8, 37):
-                a = torch.randint(-127, 128, (m, 2000), dtype=torch.int8, generator=g)
-                a[0] = 127
-                a[-1, ::2] = -127
-                exact = (a.double() @ w.t().double()).float()
-                ok = ok and all(torch.equal(k(a), exact) for k in kernels)
-            _EXACT = bool(ok)
-        except (RuntimeError, AttributeError):  # no int8 product on this build
-            _EXACT = False
-    return _EXACT
+    """torch._int_mm returns the exact sums here (checked once per process): int8 can run."""
+    if "int_mm" not in _EXACT:
+        _EXACT["int_mm"] = _exact_sums(lambda w: (lambda a: torch._int_mm(a, w.t()).float()))
+    return _EXACT["int_mm"]
+
+
+def onednn_exact() -> bool:
+    """oneDNN's prepacked u8 x s8 product returns the exact sums here (checked once per process). Not on an
+    AVX2-only CPU (vpmaddubsw saturates its int16 pair sums): there every product goes to torch._int_mm, exact
+    but several times slower for many rows (docs/cpu.md), so `precision: auto` does not pick int8 there."""
+    if "onednn" not in _EXACT:
+        def kernel(w):
+            packed = torch.ops.onednn.qlinear_prepack(w, None)
+            ones, zeros = torch.ones(w.shape[0]), torch.zeros(w.shape[0], dtype=torch.long)
+            return lambda a: _onednn_mm(a.float(), packed, ones, zeros)
+
+        _EXACT["onednn"] = onednn_available() and _exact_sums(kernel)
+    return _EXACT["onednn"]
 
 
 def _linears(model: Any, head: bool) -> Iterable[tuple[torch.nn.Module, str]]:

@@ -16,7 +16,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inventory.py"
 async def test_embedded_model_completes_python(user_cache_session, tmp_path):
     s = user_cache_session
     # no "model" option: the embedded Qwen2.5-Coder-0.5B (converted once into the user cache)
-    await s.initialize({"maxTokens": 24, "timeBudgetMs": 0, "promptBudgetMs": 0, "indexWorkspace": False})
+    await s.initialize({"maxTokens": 24, "timeBudgetMs": 0, "promptBudgetMs": 0, "predictBudgetMs": 0,
+                        "indexWorkspace": False})  # no budget: the first line whatever the CPU's speed
     uri = (tmp_path / "fib.py").as_uri()
     s.open(uri, 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    \n\n\nprint(fibonacci(10))\n')
     r = await s._wait(s.client.text_document_inline_completion_async(s.inline_params(uri, 2, 4)), 600)
