@@ -167,6 +167,37 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+           dtype: torch.dtype | None) -> torch.Tensor:
+    """q [nh, q, hd], k/v [nkv, span, hd], mask [q, span] -> [nh, q, hd] in q's dtype; computed in `dtype`
+    (float64: see sdpa_row_invariant) or, None, in q's own."""
+    if dtype is None:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
+    out = F.scaled_dot_product_attention(q[None].to(dtype), k[None].to(dtype), v[None].to(dtype), attn_mask=mask,
+                                         enable_gqa=True)
+    return out[0].to(q.dtype)
+
+
+_SDPA_INVARIANT: list[bool] = []
+
+
+def sdpa_row_invariant() -> bool:
+    """Whether torch's CPU attention gives a query row the same bits alone and among other rows (checked once
+    per process). Tree speculation is exact only if it does: a tree row and plain decoding's single row must
+    round alike. On the AVX-512 development CPUs it does; on an AVX2-only EPYC (Zen3) it did not (1 row vs 2+,
+    2 vs 3+), and the fast verifier then attends in float64 (as rest_lsp/model/static.py always does): results
+    agree to ~1e-16 whatever the kernel's order, far below the rounding to fp32 that follows. The cost there:
+    a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7 s, an 8-row step +17% (docs/cpu.md)."""
+    if not _SDPA_INVARIANT:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 9, 64), (2, 300, 64), (2, 300, 64)))
+        mask = torch.rand(9, 300, generator=g) > 0.1
+        full = attend(q, k, v, mask, None)
+        _SDPA_INVARIANT.append(all(torch.equal(attend(q[:, :n], k, v, mask[:n], None), full[:, :n])
+                                   for n in (1, 2, 3, 5)))
+    return _SDPA_INVARIANT[0]
+
+
 def cpu_has_bf16() -> bool:
     """Native bf16 dot products (AVX512-BF16 or AMX): where a bf16 product costs half an fp32 one."""
     try:
@@ -241,6 +272,7 @@ class StaticLM(torch.nn.Module):
         self.eps = float(cfg.rms_norm_eps)
         self.max_len = max_len
         self.dtype = model.model.embed_tokens.weight.dtype
+        self.attention_dtype = None if sdpa_row_invariant() else torch.float64  # exact tree rows
         self.embed = model.model.embed_tokens.weight.detach()  # shared with the HF model, no copy
         self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
         self.norm = model.model.norm.weight.detach()
@@ -279,10 +311,8 @@ class StaticLM(torch.nn.Module):
             kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)
-            att = F.scaled_dot_product_attention(
-                qh[None], kv[0, :, :span][None], kv[1, :, :span][None], attn_mask=mask, enable_gqa=True
-            )  # [1, nh, q, hd]
-            x = x + layer.o(att[0].transpose(0, 1).reshape(q, nh * hd))
+            att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, self.attention_dtype)  # [nh, q, hd]
+            x = x + layer.o(att.transpose(0, 1).reshape(q, nh * hd))
             h = layer.gate_up(rms_norm(x, layer.post_norm, self.eps))  # [q, 2 I]
             gate, up = h.chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)

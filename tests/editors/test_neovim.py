@@ -26,7 +26,10 @@ vim.opt.runtimepath:prepend(plugin)
 vim.o.swapfile = false
 require('rest_lsp').setup({
   cmd = cmd,
-  init_options = { model = model, maxTokens = 12, timeBudgetMs = 30000, cacheDir = cache },
+  -- no prompt or predict budget: an automatic request waits for its first line however busy the CPU (an
+  -- empty answer past a budget shows nothing, and nothing asks again until the next key)
+  init_options = { model = model, maxTokens = 12, timeBudgetMs = 30000, promptBudgetMs = 0, predictBudgetMs = 0,
+                   cacheDir = cache },
   debounce_ms = 30,
   native = native,
 })

