@@ -282,18 +282,21 @@ class Workbench:
         return self.page.evaluate(GHOST_JS)
 
     def wait_ghost_text(self, timeout: float = 120, ask_after: float | None = 45) -> str:
-        """The ghost text once it shows. Past `ask_after` seconds with nothing, ask as a person would: Trigger
-        Inline Suggestion (Alt+\\), an Invoked request that waits for its answer. On a slow, busy CPU (a 2-core
-        AVX2 machine in full CI runs) the last key's Automatic request can pass its 1 s prompt budget and get
-        nothing, and VS Code does not ask again until the next key; None: never ask."""
+        """The ghost text once it shows. Past `ask_after` seconds with nothing, nudge as a person would: a space
+        and Backspace, two keys that leave the text as it was and ask again at the same place, where the
+        prediction has gone on computing. On a slow, busy CPU (a 2-core AVX2 machine in full CI runs) the last
+        key's Automatic request can pass its 1 s prompt budget and get nothing (`"answer": "prompt_budget"` in
+        the request log), and VS Code does not ask again until the next key (pressing Alt+\\, Trigger Inline
+        Suggestion, sent no request there); None: never nudge."""
         if ask_after is None:
             return wait_until("ghost text in the editor", self.ghost_text, timeout=timeout, interval=0.05)
         try:
             return wait_until("ghost text in the editor", self.ghost_text, timeout=min(ask_after, timeout),
                               interval=0.05)
         except TimeoutError:
-            print(f"no automatic suggestion within {ask_after:.0f} s: Trigger Inline Suggestion", file=sys.stderr)
-            self.press("Alt+\\")
+            print(f"no automatic suggestion within {ask_after:.0f} s: a space and Backspace", file=sys.stderr)
+            self.type(" ")
+            self.press("Backspace")
             return wait_until("ghost text in the editor", self.ghost_text, timeout=timeout, interval=0.05)
 
     def status_text(self) -> str:
