@@ -29,6 +29,7 @@ exactly what plain decoding with that same verifier emits (tests/model/test_fast
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -178,9 +179,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out[0].to(q.dtype)
 
 
-_SDPA_INVARIANT: list[bool] = []
-
-
+@functools.cache
 def sdpa_row_invariant() -> bool:
     """Whether torch's CPU attention gives a query row the same bits alone and among other rows (checked once
     per process). Tree speculation is exact only if it does: a tree row and plain decoding's single row must
@@ -188,14 +187,11 @@ def sdpa_row_invariant() -> bool:
     2 vs 3+), and the fast verifier then attends in float64 (as rest_lsp/model/static.py always does): results
     agree to ~1e-16 whatever the kernel's order, far below the rounding to fp32 that follows. The cost there:
     a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7 s, an 8-row step +17% (docs/cpu.md)."""
-    if not _SDPA_INVARIANT:
-        g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 9, 64), (2, 300, 64), (2, 300, 64)))
-        mask = torch.rand(9, 300, generator=g) > 0.1
-        full = attend(q, k, v, mask, None)
-        _SDPA_INVARIANT.append(all(torch.equal(attend(q[:, :n], k, v, mask[:n], None), full[:, :n])
-                                   for n in (1, 2, 3, 5)))
-    return _SDPA_INVARIANT[0]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 9, 64), (2, 300, 64), (2, 300, 64)))
+    mask = torch.rand(9, 300, generator=g) > 0.1
+    full = attend(q, k, v, mask, None)
+    return all(torch.equal(attend(q[:, :n], k, v, mask[:n], None), full[:, :n]) for n in (1, 2, 3, 5))
 
 
 def cpu_has_bf16() -> bool:
@@ -204,7 +200,7 @@ def cpu_has_bf16() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return ("avx512_bf16" in flags or "amx_bf16" in flags) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and bf16_packing_available()
 
 
 class ScreenedHead(torch.nn.Module):

@@ -31,6 +31,7 @@ Exactness of the int32 sum: |sum| <= 255 * 127 * K (uint8 side) < 2^31 for K < 6
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
 
 import torch
@@ -44,7 +45,6 @@ _MAX_K = (2 ** 31 - 1) // (255 * 127)  # largest K whose int32 sum cannot overfl
 # one row goes to torch._int_mm for layers up to this many outputs (faster there); the head and 2+ rows to oneDNN
 INT_MM_MAX_OUT = 16384
 MIN_ROWS = 4  # oneDNN's int8 product is faster for 4 rows than for 1 or 2 (as the float one: fast.MIN_ROWS)
-_EXACT: dict[str, bool] = {}  # kernel -> its products are exact here
 
 
 def onednn_available() -> bool:
@@ -164,25 +164,23 @@ def _exact_sums(kernel) -> bool:
         return False
 
 
+@functools.cache
 def int_mm_exact() -> bool:
     """torch._int_mm returns the exact sums here (checked once per process): int8 can run."""
-    if "int_mm" not in _EXACT:
-        _EXACT["int_mm"] = _exact_sums(lambda w: (lambda a: torch._int_mm(a, w.t()).float()))
-    return _EXACT["int_mm"]
+    return _exact_sums(lambda w: (lambda a: torch._int_mm(a, w.t()).float()))
 
 
+@functools.cache
 def onednn_exact() -> bool:
     """oneDNN's prepacked u8 x s8 product returns the exact sums here (checked once per process). Not on an
     AVX2-only CPU (vpmaddubsw saturates its int16 pair sums): there every product goes to torch._int_mm, exact
     but several times slower for many rows (docs/cpu.md), so `precision: auto` does not pick int8 there."""
-    if "onednn" not in _EXACT:
-        def kernel(w):
-            packed = torch.ops.onednn.qlinear_prepack(w, None)
-            ones, zeros = torch.ones(w.shape[0]), torch.zeros(w.shape[0], dtype=torch.long)
-            return lambda a: _onednn_mm(a.float(), packed, ones, zeros)
+    def kernel(w):
+        packed = torch.ops.onednn.qlinear_prepack(w, None)
+        ones, zeros = torch.ones(w.shape[0]), torch.zeros(w.shape[0], dtype=torch.long)
+        return lambda a: _onednn_mm(a.float(), packed, ones, zeros)
 
-        _EXACT["onednn"] = onednn_available() and _exact_sums(kernel)
-    return _EXACT["onednn"]
+    return onednn_available() and _exact_sums(kernel)
 
 
 def _linears(model: Any, head: bool) -> Iterable[tuple[torch.nn.Module, str]]:
