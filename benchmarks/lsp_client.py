@@ -13,14 +13,19 @@ from pygls.client import run_async
 from pygls.lsp.client import LanguageClient
 
 
-def capabilities(work_done_progress: bool = False) -> types.ClientCapabilities:
-    # pygls' bundled capability snapshots lack inlineCompletion: declare it ourselves
+READY = "rest/suggestionReady"
+
+
+def capabilities(work_done_progress: bool = False, suggestion_ready: bool = True) -> types.ClientCapabilities:
+    # pygls' bundled capability snapshots lack inlineCompletion: declare it ourselves. Like this project's editor
+    # clients, it asks again on rest/suggestionReady (an Automatic request that got nothing in time)
     return types.ClientCapabilities(
         text_document=types.TextDocumentClientCapabilities(
             inline_completion=types.InlineCompletionClientCapabilities(),
             synchronization=types.TextDocumentSyncClientCapabilities(did_save=True)),
         window=types.WindowClientCapabilities(work_done_progress=work_done_progress),
         workspace=types.WorkspaceClientCapabilities(configuration=False, workspace_folders=True),
+        experimental={"restLsp": {"suggestionReady": True}} if suggestion_ready else None,
     )
 
 
@@ -40,6 +45,7 @@ class Server:
 
     name = "rest-lsp-bench"
     work_done_progress = False
+    suggestion_ready = True
 
     def __init__(self, log_dir: Path, env: dict | None = None):
         self.log_dir = log_dir
@@ -53,8 +59,15 @@ class Server:
         def _log(params):
             self.on_log(params)
 
+        @self.client.feature(READY)
+        def _ready(params):
+            self.on_ready(plain(params))
+
     def on_log(self, params: types.LogMessageParams) -> None:
         """A window/logMessage from the server (dropped here; the tests record them)."""
+
+    def on_ready(self, params: dict) -> None:
+        """rest/suggestionReady ({textDocument: {uri, version}, position}): the typing benchmark asks again."""
 
     async def start(self, env: dict | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +90,7 @@ class Server:
 
     async def initialize(self, options: dict, folders: list[Path] = ()) -> types.InitializeResult:
         result = await self._wait(self.client.initialize_async(types.InitializeParams(
-            capabilities=capabilities(self.work_done_progress), initialization_options=options,
+            capabilities=capabilities(self.work_done_progress, self.suggestion_ready), initialization_options=options,
             workspace_folders=[types.WorkspaceFolder(uri=p.as_uri(), name=p.name) for p in folders] or None,
             root_uri=folders[0].as_uri() if folders else None)))
         self.client.initialized(types.InitializedParams())

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 STATS = "rest/stats"
 DRAFTS = "rest/drafts"
 CURSOR = "rest/cursor"   # notification from our editor clients: where the cursor rests ({textDocument, position})
+# notification to clients that announce `experimental.restLsp.suggestionReady`: an Automatic request answered
+# empty for want of time has its suggestion now ({textDocument: {uri, version}, position}); the client asks again
+# if the document and cursor are still there
+READY = "rest/suggestionReady"
 REBUILD_INDEX = "rest-lsp.rebuildIndex"   # workspace/executeCommand: rebuild the workspace datastores
 MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model failed to load
 
@@ -94,6 +98,14 @@ class RestLanguageServer(LanguageServer):
         self._post(self.window_log_message, types.LogMessageParams(type=kind, message=f"rest-lsp: {message}"))
         if level == "problem":
             self._post(self.window_show_message, types.ShowMessageParams(type=kind, message=f"rest-lsp: {message}"))
+
+    def suggestion_ready(self, req: CompletionRequest) -> None:
+        """rest/suggestionReady for a request (on the event loop: the service's watch runs there)."""
+        doc = self.workspace.text_documents.get(req.uri)
+        if doc is None:
+            return
+        self.protocol.notify(READY, {"textDocument": {"uri": req.uri, "version": req.version},
+                                     "position": _from_columns(doc, req.text, req.line, req.column)})
 
     def show_warning(self, message: str) -> None:
         self.notify_log("problem", message)
@@ -175,7 +187,15 @@ def initialize(ls: RestLanguageServer, params: types.InitializeParams):
         pass
     install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
     ls.service.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
+    if _announces_ready(params.capabilities):
+        ls.service.on_ready = ls.suggestion_ready
     ls.service.start()
+
+
+def _announces_ready(caps: types.ClientCapabilities | None) -> bool:
+    """Whether the client asks again on rest/suggestionReady (ClientCapabilities.experimental.restLsp)."""
+    ours = _as_dict(_as_dict(getattr(caps, "experimental", None)).get("restLsp"))
+    return ours.get("suggestionReady") is True
 
 
 def initialized(ls: RestLanguageServer, params: types.InitializedParams):
@@ -256,7 +276,7 @@ def _completion_request(doc, params: types.InlineCompletionParams) -> Completion
         selected = Selected(_to_columns(doc, info.range.start), _to_columns(doc, info.range.end), info.text)
     automatic = ctx is None or ctx.trigger_kind != types.InlineCompletionTriggerKind.Invoked
     return CompletionRequest(uri=doc.uri, text=doc.source, line=line, column=col, automatic=automatic,
-                             selected=selected, language=doc.language_id)
+                             selected=selected, language=doc.language_id, version=doc.version)
 
 
 def _completion_list(doc, text: str, items) -> types.InlineCompletionList:

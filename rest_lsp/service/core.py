@@ -66,6 +66,7 @@ class CompletionRequest:
     automatic: bool = True
     selected: Selected | None = None
     language: str | None = None
+    version: int | None = None  # the document's version the client gave (handed back in `on_ready`)
 
 
 @dataclass
@@ -131,6 +132,10 @@ class CompletionService:
         self.on_model_ready: list[Callable[[Backend], None]] = []  # run on the inference thread
         self.model_limits: ModelLimits | None = None  # the loaded model's, once it is loaded
         self._waiters: dict[str, list[_Waiter]] = {}  # requests waiting for an answer, per document
+        # set by the protocol layer when the client asks again on it (LSP: rest/suggestionReady): an Automatic
+        # request that got nothing for want of time is followed by this call once its suggestion is decided
+        self.on_ready: Callable[[CompletionRequest], None] | None = None
+        self._watches: set[asyncio.Task] = set()
         self._anchors: OrderedDict[str, Anchor] = OrderedDict()  # where each document's prompt middle starts
         self._anchors_lock = threading.Lock()
         self._apply_log_path()
@@ -361,7 +366,10 @@ class CompletionService:
         # does not cancel them)
         pred, source = self._prediction_for(req.uri, ctx)
         rec["source"], rec["model_call"] = source, source == "new"
-        text, why = await self._wait_as_waiter(req, ctx, pred, t0, finish)
+        text, why = await self._wait_as_waiter(req, ctx, pred, t0, finish, self._new_waiter(req.uri))
+        if not text and why in ("prompt_budget", "time") and self.on_ready is not None:
+            self._watch(req, ctx, pred)
+            rec["watched"] = True
         if why in ("superseded", "stale", "dropped"):
             return finish("superseded" if why == "stale" else why, [])
         if why == "unavailable":
@@ -406,18 +414,23 @@ class CompletionService:
                 self._stop_prediction(pred, "superseded")
         return self._predict(uri, ctx, origin="request", priority=INTERACTIVE), "new"
 
+    def _new_waiter(self, uri: str) -> _Waiter:
+        """A waiter of the document, which a newer request supersedes (registered before any await)."""
+        waiter = _Waiter()
+        self._waiters.setdefault(uri, []).append(waiter)
+        return waiter
+
     async def _wait_as_waiter(self, req: CompletionRequest, ctx: CompletionContext, pred: Prediction,
-                              t0: float, finish: Callable[..., CompletionResponse]) -> tuple[str, str]:
+                              t0: float, finish: Callable[..., Any], waiter: _Waiter,
+                              budgets: bool = True) -> tuple[str, str]:
         """`_await_answer` with the request counted as waiting on `pred` (its job at interactive priority
-        meanwhile) and as a waiter a newer request of the document supersedes; failures recorded and raised
-        as ServiceError."""
+        meanwhile) and as `waiter` (from `_new_waiter`, removed here); failures recorded and raised as
+        ServiceError."""
         pred.waiting += 1
         if pred.live:
             self.worker.set_priority(pred.job, INTERACTIVE)
-        waiter = _Waiter()
-        self._waiters.setdefault(req.uri, []).append(waiter)
         try:
-            text, why = await self._await_answer(pred, ctx, req.automatic, t0, waiter)
+            text, why = await self._await_answer(pred, ctx, req.automatic, t0, waiter, budgets)
             if why == "error":  # the model run failed: the request gets the reason, the log the traceback
                 raise pred.job.future.exception() or RuntimeError("the prediction failed")
             return text, why
@@ -437,6 +450,27 @@ class CompletionService:
             if pred.live and pred.waiting == 0:
                 self.worker.set_priority(pred.job, AHEAD)  # go on predicting, behind everything else
 
+    def _watch(self, req: CompletionRequest, ctx: CompletionContext, pred: Prediction) -> None:
+        """An Automatic request got nothing for want of time (the prompt still computing on a busy CPU): its
+        prediction goes on at interactive priority and, once it can answer at this place, `on_ready` tells the
+        client, which asks again and is answered from the prediction instead of showing nothing until the next
+        key. A newer request of the document ends the watch; so does a stopped prediction (an edit)."""
+        waiter = self._new_waiter(req.uri)
+
+        async def watch() -> None:
+            try:
+                text, _ = await self._wait_as_waiter(req, ctx, pred, time.perf_counter(), _ignore, waiter,
+                                                     budgets=False)
+            except ServiceError:
+                return
+            if text and not waiter.superseded and self.on_ready is not None:
+                self.stats.count("ready_notices")
+                self.on_ready(req)
+
+        task = asyncio.ensure_future(watch())
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
+
     async def _shown_texts(self, req: CompletionRequest, ctx: CompletionContext, pred: Prediction, text: str,
                            t0: float) -> list[str]:
         """What the editor shows: the answer, sampled alternatives for an Invoked request; a shown answer
@@ -455,10 +489,14 @@ class CompletionService:
             waiter.changed.set()
 
     async def _await_answer(self, pred: Prediction, ctx: CompletionContext, automatic: bool,
-                            arrived: float, waiter: _Waiter) -> tuple[str, str]:
+                            arrived: float, waiter: _Waiter, budgets: bool = True) -> tuple[str, str]:
         """(text to show, why now): "complete", "partial" (the predict budget ran out), "time", "prompt_budget",
-        "superseded" (a newer request for the document came), or why the prediction was stopped."""
+        "superseded" (a newer request for the document came), or why the prediction was stopped. Without
+        `budgets`, no prompt or time budget: it waits for the first line or words as long as the prediction
+        runs."""
         cfg = self.config
+        prompt_ms = cfg.prompt_budget_ms if budgets else 0
+        time_ms = cfg.time_budget_ms if budgets else 0
         loop = asyncio.get_running_loop()
         changed = waiter.changed
 
@@ -488,12 +526,12 @@ class CompletionService:
                     await _wait(changed, POLL_S)
                     continue
                 start = max(arrived, ready_at)
-                budget_end = start + cfg.time_budget_ms / 1000 - REPLY_MARGIN_S
-                deadlines = [budget_end] if cfg.time_budget_ms else []
-                if automatic and v.prefilled_at is None and cfg.prompt_budget_ms:
-                    if now >= start + cfg.prompt_budget_ms / 1000:
+                budget_end = start + time_ms / 1000 - REPLY_MARGIN_S
+                deadlines = [budget_end] if time_ms else []
+                if automatic and v.prefilled_at is None and prompt_ms:
+                    if now >= start + prompt_ms / 1000:
                         return "", "prompt_budget"  # the prompt goes on computing: the next request gains
-                    deadlines.append(start + cfg.prompt_budget_ms / 1000)
+                    deadlines.append(start + prompt_ms / 1000)
                 if v.prefilled_at is not None and automatic and cfg.predict_budget_ms:
                     at = max(start, v.prefilled_at) + cfg.predict_budget_ms / 1000
                     if now >= at and v.status == "ready":
@@ -501,7 +539,7 @@ class CompletionService:
                         if part:
                             return part, "partial"
                     deadlines.append(at)
-                if cfg.time_budget_ms and now >= budget_end:
+                if time_ms and now >= budget_end:
                     # never empty for want of time once a visible token is decided
                     shown = shape_completion(v.rest, ctx, max_lines=cfg.max_lines, truncated=False) \
                         if v.status == "ready" else ""
@@ -569,6 +607,10 @@ class _Waiter:
     def __init__(self) -> None:
         self.changed = asyncio.Event()
         self.superseded = False
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """A watch records nothing: its request was recorded when it was answered."""
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

@@ -92,10 +92,52 @@ def test_a_patient_person_waits_for_a_late_answer_and_an_impatient_one_does_not(
     tallies = {}
     for patient in (False, True):
         tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
-                 "shown_latency": [], "late": 0, "empty": 0}
+                 "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
         asyncio.run(T.type_body(SlowEditor(text, delay=0.3), body, random.Random(0), True, False, tally,
                                 patient=patient))
         tallies[patient] = tally
     assert tallies[False]["shown"] == 0 and tallies[False]["accepted"] == 0  # each answer came after the next key
     assert tallies[True]["shown"] == tallies[True]["pauses"] == 3
     assert tallies[True]["accepted"] == len("beta") + len("gamma") + len("delta")
+
+
+class LateEditor(SlowEditor):
+    """Its server answers the first request at each place empty (the prompt past its budget) and sends
+    rest/suggestionReady 50 ms later; asked again, it answers with what is about to be typed."""
+
+    def __init__(self, text: str):
+        super().__init__(text, delay=0.01)
+        self.notices, self.asked = {}, set()
+
+    def notice(self, version, line, col):
+        import asyncio
+        return self.notices.setdefault((version, line, col), asyncio.Event())
+
+    def request(self, line, col, msg_id):
+        import asyncio
+        from types import SimpleNamespace
+        place = (self.version, line, col)
+        if place in self.asked:
+            return super().request(line, col, msg_id)
+        self.asked.add(place)
+        asyncio.get_running_loop().call_later(0.05, self.notice(*place).set)
+
+        async def empty():
+            await asyncio.sleep(self.delay)
+            return SimpleNamespace(items=[])
+        return asyncio.ensure_future(empty())
+
+
+def test_an_empty_answer_is_asked_again_at_the_servers_notice(monkeypatch):
+    import asyncio
+    import random
+    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.4 if ch == " " else 0.01)
+    monkeypatch.setattr(T, "START_S", 0.0)
+    text = "alpha beta gamma delta"
+    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
+             "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
+    asyncio.run(T.type_body(LateEditor(text), T.Body(Path("x.py"), 0, 0, text), random.Random(0), True, False,
+                            tally))
+    assert tally["pauses"] == tally["empty"] == tally["asked_again"] == tally["shown"] == 3
+    assert tally["accepted"] == len("beta") + len("gamma") + len("delta")
+    assert all(60 <= ms < 400 for ms in tally["shown_latency"]), tally["shown_latency"]

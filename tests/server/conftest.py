@@ -27,6 +27,7 @@ class Session(Server):
         self.logs: list[types.LogMessageParams] = []
         self.progress: list[types.ProgressParams] = []
         self.messages: list[types.ShowMessageParams] = []
+        self.ready: list[dict] = []   # rest/suggestionReady notifications
         c = self.client
 
         @c.feature(types.WINDOW_SHOW_MESSAGE)
@@ -43,6 +44,9 @@ class Session(Server):
 
     def on_log(self, params: types.LogMessageParams) -> None:
         self.logs.append(params)
+
+    def on_ready(self, params: dict) -> None:
+        self.ready.append(params)
 
     async def _wait(self, aw, timeout: float = 90):
         """Any answer within timeout, or a failure that shows the server's log (never a hung test)."""

@@ -222,6 +222,26 @@ async def test_cancellation_and_supersession(session, tiny_model, tmp_path):
     assert 0 < t["wasted_tokens"] < 3000
 
 
+async def test_an_empty_automatic_answer_is_followed_by_suggestion_ready(session, tiny_model, tmp_path):
+    # a prompt budget no prompt meets, and no warm-up before the request: the Automatic request is answered
+    # empty at once; the server says when the suggestion is there, for the document version and place asked
+    await session.initialize({"model": str(tiny_model), "promptBudgetMs": 1, "warmUp": False, "maxTokens": 16,
+                              "indexWorkspace": False})
+    uri = (tmp_path / "ready.py").as_uri()
+    session.open(uri, SOURCE)
+    session.edit(uri, 2, (10, 4), (10, 4), "re")
+    await wait_for(session, lambda st: st["model"]["state"] == "ready", "model")
+    r = await session.complete(uri, 10, 6)
+    st = await session.stats()
+    assert not r.items and st["recent"][-1]["answer"] == "prompt_budget" and st["recent"][-1]["watched"]
+    await wait_for(session, lambda st: st["totals"]["ready_notices"] == 1, "the notice")
+    assert session.ready == [{"textDocument": {"uri": uri, "version": 2}, "position": {"line": 10, "character": 6}}]
+    r = await session.complete(uri, 10, 6)   # asked again: answered from the prediction, no new model run
+    st = await session.stats()
+    assert r.items and r.items[0].insert_text and st["recent"][-1]["source"] != "new"
+    assert st["totals"]["predictions"] == 1   # (edits and newer requests end a watch: tests/server/test_latency.py)
+
+
 async def test_model_failure_then_recovery_and_unwritable_cache(session, tiny_model, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache directory should go")

@@ -264,6 +264,58 @@ async def test_prompt_budget_answers_empty_and_the_prompt_goes_on_for_the_next_r
         svc.close()
 
 
+async def test_an_empty_answer_for_want_of_time_is_followed_by_on_ready_once_the_suggestion_is_decided():
+    backend = FakeBackend(respond=lambda ctx: "value\n", step_s=0.03, prefill_steps=8)  # a 0.24 s prompt
+    svc = make_service(backend, max_tokens=20, prompt_budget_ms=50, time_budget_ms=2000)
+    ready: list[tuple[CompletionRequest, float]] = []
+    svc.on_ready = lambda r: ready.append((r, time.perf_counter()))
+    try:
+        asked = req("file:///b.py", "y = ")
+        r = await svc.complete(asked)
+        assert r.items == [] and r.record["answer"] == "prompt_budget" and r.record["watched"]
+        assert ready == []   # nothing decided yet
+        for _ in range(100):
+            if ready:
+                break
+            await asyncio.sleep(0.01)
+        assert [x[0] for x in ready] == [asked]
+        r = await svc.complete(req("file:///b.py", "y = "))  # the client asks again: the prediction answers
+        assert r.items[0].text == "value" and r.record["outcome"] in ("reused", "cache")
+        assert [p for p, _ in backend.starts] == ["predict"] and svc.stats.totals["ready_notices"] == 1
+    finally:
+        svc.close()
+
+
+async def test_a_newer_request_or_a_contradicting_edit_ends_the_watch_without_on_ready():
+    backend = FakeBackend(respond=lambda ctx: "value\n", step_s=0.03, prefill_steps=8)
+    svc = make_service(backend, max_tokens=20, prompt_budget_ms=50, time_budget_ms=2000)
+    ready: list[CompletionRequest] = []
+    svc.on_ready = ready.append
+    try:
+        r = await svc.complete(req("file:///w.py", "y = "))
+        assert r.record["watched"]
+        # a newer request of the document takes over (its own answer comes back to it, not as a notice)
+        r2 = asyncio.ensure_future(svc.complete(req("file:///w.py", "y = ", automatic=False)))
+        assert (await asyncio.wait_for(r2, 5)).items[0].text == "value"
+        r = await svc.complete(req("file:///w.py", "z = 1\nq = "))
+        assert r.record["watched"]
+        svc.document_changed("file:///w.py", "z = 1\nq = 7", 1, 5)  # typed something the model did not say
+        await asyncio.sleep(0.6)
+        assert ready == [] and svc.stats.totals["ready_notices"] == 0
+    finally:
+        svc.close()
+
+
+async def test_no_watch_without_a_client_that_asks_again():
+    backend = FakeBackend(respond=lambda ctx: "value\n", step_s=0.03, prefill_steps=8)
+    svc = make_service(backend, max_tokens=20, prompt_budget_ms=50, time_budget_ms=2000)
+    try:
+        r = await svc.complete(req("file:///n.py", "y = "))
+        assert r.record["answer"] == "prompt_budget" and "watched" not in r.record
+    finally:
+        svc.close()
+
+
 async def test_predict_budget_shows_the_words_decided_so_far():
     backend = FakeBackend(respond=lambda ctx: "first second third fourth fifth\n", step_s=0.02)
     svc = make_service(backend, max_tokens=100, predict_budget_ms=150, time_budget_ms=3000)

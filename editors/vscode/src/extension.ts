@@ -11,6 +11,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { CURSOR_METHOD, CursorNotifier } from "./cursor";
+import { isEmptyResult, Place, READY_CAPABILITY, READY_METHOD, ReadyTracker } from "./ready";
 import { expandPath, isExecutableFile, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
 import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
 import { formatStatsReport, ServerState, stateDetail, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
@@ -29,6 +30,7 @@ let summary: StatsSummary = {};
 let statsTimer: NodeJS.Timeout | undefined;
 let settings: RestLspSettings;
 let cursor: CursorNotifier;
+let ready = new ReadyTracker();
 
 function currentSettings(): RestLspSettings {
   const cfg = vscode.workspace.getConfiguration(SECTION);
@@ -96,6 +98,37 @@ function sendCursor(params: unknown): void {
   c.sendNotification(CURSOR_METHOD, params).catch(() => undefined);
 }
 
+function placeOf(uri: string, document: vscode.TextDocument, position: vscode.Position): Place {
+  return { uri, version: document.version, line: position.line, character: position.character };
+}
+
+/** Ask again for the suggestion the server announced, if the editor is still at that place. */
+async function askAgain(place: Place): Promise<void> {
+  const editor = vscode.window.activeTextEditor;
+  if (!editor || servedUri(editor.document) !== place.uri || editor.document.version !== place.version) return;
+  const at = editor.selection.active;
+  if (!editor.selection.isEmpty || at.line !== place.line || at.character !== place.character) return;
+  output.appendLine(`suggestion ready at ${place.line + 1}:${place.character + 1}: asking again`);
+  await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+}
+
+async function provideInlineCompletionItems(
+  document: vscode.TextDocument, position: vscode.Position, context: vscode.InlineCompletionContext,
+  token: vscode.CancellationToken,
+  next: (d: vscode.TextDocument, p: vscode.Position, c: vscode.InlineCompletionContext, t: vscode.CancellationToken) => unknown,
+): Promise<unknown> {
+  if (!settings.completionsEnabled) return undefined;
+  const uri = servedUri(document);
+  if (!uri) return next(document, position, context, token);
+  const place = placeOf(uri, document, position);
+  const own = ready.asking(place);
+  const ctx = own ? { ...context, triggerKind: vscode.InlineCompletionTriggerKind.Automatic } : context;
+  const result = await next(document, position, ctx, token);
+  const again = token.isCancellationRequested ? undefined : ready.answered(place, isEmptyResult(result));
+  if (again) void askAgain(again);
+  return result;
+}
+
 async function pollStats(): Promise<void> {
   if (!client || client.state !== State.Running) return;
   try {
@@ -132,19 +165,34 @@ async function startClient(): Promise<void> {
   }
   output.appendLine(`starting ${launch.command} ${launch.args.join(" ")} (found via ${launch.source})`);
 
+  const launched = serverOptions(settings);
   // No `transport`: the client then spawns exactly command + args (with `--stdio` already in args).
   const server: ServerOptions = { command: launch.command, args: launch.args, options: { env: launch.env } };
   const options: LanguageClientOptions = {
     documentSelector: documentSelector(settings.languages),
-    initializationOptions: serverOptions(settings),
+    initializationOptions: launched,
     outputChannel: output,
     middleware: {
       provideInlineCompletionItems: (document, position, context, token, next) =>
-        settings.completionsEnabled ? next(document, position, context, token) : undefined,
+        provideInlineCompletionItems(document, position, context, token, next) as ReturnType<typeof next>,
     },
   };
   const c = new LanguageClient("restLsp", "rest-lsp", server, options);
   client = c;
+  ready = new ReadyTracker();
+  c.registerFeature({
+    fillClientCapabilities: (caps) => {
+      caps.experimental = { ...((caps.experimental as object | undefined) ?? {}), ...READY_CAPABILITY };
+    },
+    initialize: () => undefined,
+    getState: () => ({ kind: "static" }),
+    clear: () => undefined,
+  });
+  c.onNotification(READY_METHOD, (params: unknown) => {
+    output.appendLine(`${READY_METHOD} ${JSON.stringify(params)}`);
+    const again = ready.notice(params);
+    if (again) void askAgain(again);
+  });
   c.onDidChangeState((e) => {
     if (client !== c) return;
     if (e.newState === State.Stopped && state !== "error") setState("stopped");
@@ -159,6 +207,11 @@ async function startClient(): Promise<void> {
     return;
   }
   setState("ready");
+  // Settings changed while the server started were not sent (the client was not running): send them now.
+  if (JSON.stringify(serverOptions(settings)) !== JSON.stringify(launched)) {
+    output.appendLine("settings changed while the server started: sending them to the server");
+    await c.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(settings));
+  }
   // The editor already open when the server comes up counts as becoming active for this server.
   cursorMoved(vscode.window.activeTextEditor);
   await pollStats();
@@ -234,6 +287,7 @@ async function onConfigurationChanged(e: vscode.ConfigurationChangeEvent): Promi
     return;
   }
   if (JSON.stringify(serverOptions(previous)) !== JSON.stringify(serverOptions(settings)) && client.state === State.Running) {
+    output.appendLine("settings changed: sending them to the server");
     await client.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(settings));
   }
 }

@@ -21,6 +21,7 @@ export interface RestLspSettings {
   indexWorkspace: boolean;
   persistHistory: boolean;
   requestLog: string;
+  serverSettings: Record<string, unknown>; // more of the server's settings (camelCase), sent as they are
 }
 
 /** Reads one setting below `restLsp.` (a `WorkspaceConfiguration.get` in the extension, a map in tests). */
@@ -45,6 +46,7 @@ export const DEFAULTS: RestLspSettings = {
   indexWorkspace: true,
   persistHistory: true,
   requestLog: "",
+  serverSettings: {},
 };
 
 export function readSettings(get: SettingGetter): RestLspSettings {
@@ -61,6 +63,7 @@ export function readSettings(get: SettingGetter): RestLspSettings {
     return Array.isArray(v) ? v.filter((x): x is string => typeof x === "string" && x.length > 0) : [];
   };
   const env = get<unknown>("server.env", {});
+  const more = get<unknown>("serverSettings", {});
   return {
     serverPath: str("server.path", DEFAULTS.serverPath),
     serverArgs: strs("server.args"),
@@ -83,6 +86,7 @@ export function readSettings(get: SettingGetter): RestLspSettings {
     indexWorkspace: get<unknown>("indexWorkspace", true) !== false,
     persistHistory: get<unknown>("persistHistory", true) !== false,
     requestLog: str("requestLog", DEFAULTS.requestLog),
+    serverSettings: more && typeof more === "object" && !Array.isArray(more) ? { ...(more as Record<string, unknown>) } : {},
   };
 }
 
@@ -93,6 +97,7 @@ export function readSettings(get: SettingGetter): RestLspSettings {
  */
 export function serverOptions(s: RestLspSettings): Record<string, unknown> {
   const out: Record<string, unknown> = {
+    ...s.serverSettings, // the settings named below win over the same keys given here
     model: s.model === "" ? null : s.model,
     device: s.device,
     precision: s.precision,

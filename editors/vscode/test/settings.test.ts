@@ -66,3 +66,13 @@ test("document selector: all files, or the configured languages", () => {
     { scheme: "untitled", language: "python" },
   ]);
 });
+
+test("serverSettings passes the server's other settings through; the named settings win", () => {
+  const s = readSettings(getter({ serverSettings: { promptBudgetMs: 400, warmUp: false, maxTokens: 1 }, maxTokens: 32 }));
+  const opts = serverOptions(s);
+  assert.equal(opts.promptBudgetMs, 400);
+  assert.equal(opts.warmUp, false);
+  assert.equal(opts.maxTokens, 32);
+  assert.deepEqual(readSettings(getter({ serverSettings: [1, 2] })).serverSettings, {});
+  assert.deepEqual(readSettings(getter({ serverSettings: "x" })).serverSettings, {});
+});

@@ -20,7 +20,7 @@ local opts = { debounce_ms = 150, hl_group = 'RestLspGhost' }
 local has_inline = vim.fn.has('nvim-0.10') == 1
 
 -- Counters for tests and :RestLspStats (how many replies were dropped as stale).
-M.counters = { requests = 0, replies = 0, stale = 0, shown = 0, accepted = 0 }
+M.counters = { requests = 0, replies = 0, stale = 0, shown = 0, accepted = 0, ready = 0 }
 -- The request numbers of the last suggestions shown (tests check that only the newest ever shows).
 M.history = {}
 
@@ -199,6 +199,13 @@ local function on_reply(bufnr, st, seq, err, result, want_index)
   st.index = st.items and math.min(want_index or 1, #items) or nil
   st.shown_seq = seq
   render(bufnr, st)
+  if not st.items and st.ready_seq == seq then
+    st.ready_seq = nil
+    M.counters.ready = M.counters.ready + 1
+    vim.schedule(function()
+      M.request(bufnr, st.kind or AUTOMATIC)
+    end)
+  end
 end
 
 --- Ask the server now (kind: 1 Invoked, 2 Automatic).
@@ -233,6 +240,35 @@ function M.request(bufnr, kind, want_index)
   if ok and id then
     st.pending = { client_id = client.id, id = id }
   end
+end
+
+--- rest/suggestionReady: the suggestion for an Automatic request answered empty is there now. Ask again
+--- (answered from the server's prediction) if that request is still the newest, for this buffer, cursor and
+--- text, and nothing is on screen.
+function M.on_ready(params)
+  local uri = type(params) == 'table' and type(params.textDocument) == 'table' and params.textDocument.uri
+  local pos = type(params) == 'table' and params.position
+  if type(uri) ~= 'string' or type(pos) ~= 'table' then
+    return
+  end
+  local bufnr = vim.uri_to_bufnr(uri)
+  local st = buffers[bufnr]
+  if not st or not st.anchor or st.shown or M.disabled or api.nvim_get_current_buf() ~= bufnr
+    or not api.nvim_get_mode().mode:match('^i') then
+    return
+  end
+  local row, col = cursor()
+  local line = api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+  if row ~= st.anchor.row or col ~= st.anchor.col or api.nvim_buf_get_changedtick(bufnr) ~= st.anchor.tick
+    or pos.line ~= row or pos.character ~= util.to_lsp_col(line, col, st.encoding) then
+    return
+  end
+  if st.pending then
+    st.ready_seq = st.seq -- the notice overtook the (empty) reply: ask again when that comes
+    return
+  end
+  M.counters.ready = M.counters.ready + 1
+  M.request(bufnr, st.kind or AUTOMATIC)
 end
 
 local function schedule(bufnr)

@@ -127,7 +127,7 @@ local function on_attach(client, bufnr)
 end
 
 local function client_config(root, cmd)
-  return {
+  local config = {
     name = 'rest_lsp',
     cmd = cmd,
     root_dir = root,
@@ -136,6 +136,19 @@ local function client_config(root, cmd)
     on_attach = on_attach,
     flags = { debounce_text_changes = 50 },
   }
+  if not native() then
+    -- An Automatic request the server could not answer in time (the prompt still computing) is followed by
+    -- rest/suggestionReady once the suggestion is there: the Lua ghost text asks again if nothing moved.
+    -- (The native inline completion of 0.12+ offers no way to ask from here.)
+    config.capabilities = vim.tbl_deep_extend('force', vim.lsp.protocol.make_client_capabilities(),
+      { experimental = { restLsp = { suggestionReady = true } } })
+    config.handlers = {
+      ['rest/suggestionReady'] = function(_, result)
+        ghost.on_ready(result)
+      end,
+    }
+  end
+  return config
 end
 
 --- Attach rest-lsp to a buffer (started by the FileType autocommand; callable by hand).
