@@ -1,6 +1,7 @@
 """A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
 
-    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12] [--methods rest,plain[,ceiling]]
+    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12]
+        [--methods rest,plain[,ceiling][,rest-noask]]
         [--no-cancel] [--no-cursor] [--set KEY=VALUE ...] [--json OUT]
 
 An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
@@ -11,7 +12,9 @@ open. The client types each body character by character with a seeded human rhyt
 line (auto-indent), so indentation is not typed. It asks for an inline completion once 150 ms pass without a
 key (Automatic trigger) and, VS Code style, cancels the request in flight at the next key (`--no-cancel`:
 Neovim style). Like this project's editor clients it also says where the cursor rests after 250 ms
-(`rest/cursor`; `--no-cursor` to leave it out). A suggestion that arrives while what was typed since the
+(`rest/cursor`; `--no-cursor` to leave it out), and it asks again when the server says that a request it answered
+empty for want of time has its suggestion (`rest/suggestionReady`; method `rest-noask`: REST with a client that
+does not). A suggestion that arrives while what was typed since the
 request is still its prefix is shown; the simulated person then accepts the part equal to what they were about
 to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key,
 and types on after it.
@@ -278,8 +281,10 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
     tally["typeable"] += sum(body.typed_mask)
 
 
-async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path, patient: bool = False) -> dict:
+async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path, patient: bool = False,
+                     asks_again: bool = True) -> dict:
     server = Server(log_dir / name)
+    server.suggestion_ready = asks_again  # False: a client that does not take rest/suggestionReady
     await server.start()
     t0 = time.perf_counter()
     await server.initialize({"persistHistory": False, "cacheDir": str(log_dir / name / "cache"), **options}, [ws])
@@ -395,13 +400,14 @@ async def main_async(args) -> dict:
         ws, files = prepare(root, args.files, args.limit, args.seed, work)
         extra = dict(kv.split("=", 1) for kv in args.set)
         extra = {k: parse_value(v) for k, v in extra.items()}
-        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING}
+        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING,
+                   "rest-noask": {"draftBudget": None}}
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "methods": {}}
         for name in args.methods.split(","):
             report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs",
-                                                       patient=name == "ceiling")
+                                                       patient=name == "ceiling", asks_again=name != "rest-noask")
         if not args.no_invoked:
             report["invoked"] = await invoked_checks(ws, root, {**methods["rest"], **extra}, work / "logs")
         return report
@@ -418,11 +424,13 @@ def predictions(server: dict) -> str:
 
 
 def table(report: dict) -> str:
-    head = (f"{'method':<6} {'pauses':>6} {'shown':>6} {'shown %':>7} {'p50 ms':>7} {'p95 ms':>7} {'typed':>6} "
+    head = (f"{'method':<10} {'pauses':>6} {'shown':>6} {'shown %':>7} {'empty':>5} {'again':>5} {'p50 ms':>7} "
+            f"{'p95 ms':>7} {'typed':>6} "
             f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'predictions key/req/ahead':>25}")
     out = [head, "-" * len(head)]
     for m, r in report["methods"].items():
-        out.append(f"{m:<6} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
+        out.append(f"{m:<10} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
+                   f"{r['answered_empty']:>5} {r['asked_again']:>5} "
                    f"{r['shown_latency_ms_p50'] or 0:>7.0f} {r['shown_latency_ms_p95'] or 0:>7.0f} {r['keys_typed']:>6} "
                    f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
                    f"{predictions(r['server']):>25}")
@@ -448,7 +456,8 @@ def main(argv=None) -> int:
     p.add_argument("--files", type=int, default=2, help="files whose bodies are typed")
     p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
     p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), ceiling (a person who "
-                   "waits for each whole suggestion: about the most any exact method can save)")
+                   "waits for each whole suggestion: about the most any exact method can save), rest-noask (REST "
+                   "with a client that does not ask again on rest/suggestionReady)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")

@@ -137,6 +137,13 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     keys = {k: cost_key("tiny", "fp32", "cpu", make_verifier_or_eager(tiny_lm, k)) for k in kinds}
     assert [verifier_kind(make_verifier_or_eager(tiny_lm, k)) for k in keys] == list(keys)
     assert len(set(keys.values())) == len(kinds)
+    # float64 attention (where fp32 SDPA is not row-invariant) has its own c(q): a c(q) measured with fp32
+    # attention underestimated tree rows on an AVX2-only CPU
+    packed = make_verifier_or_eager(tiny_lm, "packed")
+    packed.lm.attention_dtype = None
+    fp32_key = cost_key("tiny", "fp32", "cpu", packed)
+    packed.lm.attention_dtype = torch.float64
+    assert cost_key("tiny", "fp32", "cpu", packed) == fp32_key.replace("packed", "packed-att64")
 
 
 def test_bench_history_saved_and_restored(tiny_dir, prompts_file, tmp_path, capsys):
