@@ -225,37 +225,37 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         shown: dict = {}
         sent: list = []
 
-        async def request(at_line, at_col, sent):
+        async def suggestion(at_line, at_col, sent) -> str | None:
+            """The first item's text (None: no item)."""
             msg_id = f"c{next(_ids)}"
             sent.append((msg_id, asyncio.ensure_future(ed.request(at_line, at_col, msg_id))))
             result = await asyncio.shield(sent[-1][1])  # the client decides whether to cancel it (below)
-            return getattr(result, "items", None) or []
+            items = getattr(result, "items", None) or []
+            return items[0].insert_text if items else None
 
         async def ask(at_line=line, at_col=col, version=version, shown=shown, sent=sent, at=i):
             await asyncio.sleep(DEBOUNCE_S)
             tally["pauses"] += 1
             t0 = time.perf_counter()
             try:
-                items = await request(at_line, at_col, sent)
-                if not items and ed.version == version:
-                    # answered empty for want of time: like this project's editor clients, ask again at the
-                    # server's rest/suggestionReady (the next key cancels this task)
+                answer = await suggestion(at_line, at_col, sent)
+                if not answer and ed.version == version:
+                    # answered empty (for want of time, or nothing to say): like this project's editor clients,
+                    # ask again at the server's rest/suggestionReady (the next key cancels this task)
                     tally["empty"] += 1
                     await ed.notice(version, at_line, at_col).wait()
                     tally["asked_again"] += 1
-                    items = await request(at_line, at_col, sent)
+                    answer = await suggestion(at_line, at_col, sent)
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - cancelled by the next key
                 return
             ms = (time.perf_counter() - t0) * 1000
             if ed.version != version:
                 tally["late"] += 1
-            elif items and items[0].insert_text:
-                shown.update(text=items[0].insert_text, latency=ms)
-            elif len(sent) == 1:
-                tally["empty"] += 1
+            elif answer:
+                shown.update(text=answer, latency=ms)
             if trace is not None:
                 trace.append({"at": ed.lines[at_line][:at_col][-40:], "coming": text[at:at + 40],
-                              "answer": items[0].insert_text if items else None, "ms": round(ms),
+                              "answer": answer, "ms": round(ms),
                               "late": ed.version != version})
 
         async def rest_cursor(at_line=line, at_col=col):

@@ -168,6 +168,13 @@ local function render(bufnr, st)
   end
 end
 
+-- Whether the buffer, its text, the cursor and insert mode are still those of the newest request.
+local function at_anchor(bufnr, st)
+  local row, col = cursor()
+  return api.nvim_get_current_buf() == bufnr and api.nvim_buf_get_changedtick(bufnr) == st.anchor.tick
+    and row == st.anchor.row and col == st.anchor.col and api.nvim_get_mode().mode:match('^i') ~= nil
+end
+
 local function on_reply(bufnr, st, seq, err, result, want_index)
   if seq ~= st.seq then
     M.counters.stale = M.counters.stale + 1
@@ -182,9 +189,7 @@ local function on_reply(bufnr, st, seq, err, result, want_index)
   if not result or not api.nvim_buf_is_valid(bufnr) then
     return
   end
-  local row, col = cursor()
-  if api.nvim_get_current_buf() ~= bufnr or api.nvim_buf_get_changedtick(bufnr) ~= st.anchor.tick
-    or row ~= st.anchor.row or col ~= st.anchor.col or not api.nvim_get_mode().mode:match('^i') then
+  if not at_anchor(bufnr, st) then
     M.counters.stale = M.counters.stale + 1
     return
   end
@@ -253,14 +258,12 @@ function M.on_ready(params)
   end
   local bufnr = vim.uri_to_bufnr(uri)
   local st = buffers[bufnr]
-  if not st or not st.anchor or st.shown or M.disabled or api.nvim_get_current_buf() ~= bufnr
-    or not api.nvim_get_mode().mode:match('^i') then
+  if not st or not st.anchor or st.shown or M.disabled or not at_anchor(bufnr, st) then
     return
   end
-  local row, col = cursor()
-  local line = api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
-  if row ~= st.anchor.row or col ~= st.anchor.col or api.nvim_buf_get_changedtick(bufnr) ~= st.anchor.tick
-    or pos.line ~= row or pos.character ~= util.to_lsp_col(line, col, st.encoding) then
+  local a = st.anchor
+  local line = api.nvim_buf_get_lines(bufnr, a.row, a.row + 1, false)[1] or ''
+  if pos.line ~= a.row or pos.character ~= util.to_lsp_col(line, a.col, st.encoding) then
     return
   end
   if st.pending then
