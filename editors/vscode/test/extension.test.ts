@@ -107,7 +107,7 @@ test("rest/cursor: sent once the cursor rests 250 ms, once when an editor become
     assert.deepEqual(cursorReports()[2].params.position, { line: 2, character: 0 });
   } finally {
     await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
   }
 });
 
@@ -181,6 +181,6 @@ test("activated against the real server: status, inline completions, toggle, set
     }, 30_000);
   } finally {
     await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
   }
 });

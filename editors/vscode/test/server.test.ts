@@ -134,6 +134,6 @@ test("the extension's launch talks LSP inline completion with the real server", 
     throw new Error(`${err}\n--- server stderr ---\n${stderr.slice(-4000)}`);
   } finally {
     conn.dispose();
-    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
   }
 });
