@@ -276,12 +276,22 @@ class Workbench:
             modal.locator('[aria-label^="Close Modal Editor"]').first.click()
         else:
             self.command("View: Close Editor")
+        # Once in a full run the editor was dirty again after the save (the file on disk as written) and closing
+        # it asked "Do you want to save the changes": what is on disk is what this call checked above
+        dont_save = self.page.get_by_role("button", name="Don't Save")
+
+        def closed() -> bool:
+            if dont_save.count() and dont_save.first.is_visible():
+                dont_save.first.click()
+            return not modal.count() and not self.page.locator(".tab", has_text="settings.json").count()
+
         try:
-            wait_until("settings.json closed", lambda: not modal.count() and not self.page.locator(
-                ".tab", has_text="settings.json").count(), timeout=20)
+            wait_until("settings.json closed", closed, timeout=20)
         except TimeoutError:
-            self.page.screenshot(path="/tmp/settings-dbg3.png")
+            self.page.screenshot(path=str(self.server.root / "settings-not-closed.png"))
             raise
+        if not saved():
+            raise AssertionError("settings.json changed while it was closed")
 
     def type(self, text: str, delay_ms: float = 0) -> None:
         self.page.keyboard.type(text, delay=delay_ms)
