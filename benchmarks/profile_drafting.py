@@ -2,11 +2,13 @@
 the budget and the flattening, per step, over a replay record (no model needed).
 
     .venv/bin/python benchmarks/profile_drafting.py --record REPLAY.jsonl --datastore corpus \
-        [--policy rest] [--budget auto] [--cost FILE] [--repeat 1]
+        [--policy rest] [--budget auto] [--cost FILE] [--repeat 1] [--thrash-mb 0]
 
 REPLAY.jsonl: a record of `rest-lsp replay` (it prints the path: `<cache>/replay/*.jsonl`). The steps are the
 replay's (rest_lsp/bench/replay.py), the drafting the engine's own Drafter; each part is timed by wrapping
 it, so the total is a little above the replay's own `retrieval_ms`. Prints p50 / p99 / mean ms per step.
+`--thrash-mb N` reads N MB before every step, outside the timers, as a CPU forward pass streams the model's
+weights through the caches between two drafts in `rest-lsp bench`: the drafting then runs cold, as there.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", default="auto")
     p.add_argument("--cost", default=None)
     p.add_argument("--repeat", type=int, default=1, help="replay the records this many times (more steps)")
+    p.add_argument("--thrash-mb", type=int, default=0, help="MB read before each step (a forward pass's traffic)")
     args = p.parse_args(argv)
 
     import tempfile
@@ -70,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"propose {s.name}" for s, _ in drafter.sources] + ["mix_rows", "estimate", "rank_nodes", "best_size",
                                                                "flatten"]
     draft = drafter.draft
+    junk = np.ones(args.thrash_mb << 18, dtype=np.float32)  # 2^18 float32 = 1 MB
 
     def timed_draft(*a, **kw):
+        junk.sum()
         for k in keys + ["draft"]:
             times[k].append(0.0)
         return _timed("draft", draft, times)(*a, **kw)
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         for rec in records:
             steps += len(replay_one(rec, drafter, budget, cost))
-    print(f"{steps} steps over {len(records)} records x {args.repeat}; policy {args.policy}, budget {args.budget}")
+    print(f"{steps} steps over {len(records)} records x {args.repeat}; policy {args.policy}, budget {args.budget}, "
+          f"{args.thrash_mb} MB read before each step")
     print(f"{'part':<24} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for k in keys + ["draft"]:
         v = np.asarray(times[k])

@@ -377,6 +377,23 @@ def _sorted_distinct_rows(tok, sentinel, pos, n, max_len):
 _NO_ALPHA = np.zeros(0, np.int64)  # `id_rows_kernel`' alphabet for a shard that stores ids
 
 
+@njit
+def encode_kernel(ranks, w, ctx):
+    """`Shard.encode` as uint8 bytes: ranks: `Shard.rank_table` (empty: the shard stores ids); ctx [n] int64
+    ids in [0, sentinel). An id past the table clips to its last entry, -1 (not in the alphabet)."""
+    n = ctx.shape[0]
+    start = 0
+    for i in range(n):  # after the last id this shard lacks
+        if ranks.shape[0] and ranks[min(ctx[i], ranks.shape[0] - 1)] < 0:
+            start = i + 1
+    out = np.empty((n - start) * w, np.uint8)
+    for i in range(start, n):
+        v = ranks[min(ctx[i], ranks.shape[0] - 1)] if ranks.shape[0] else ctx[i]
+        for j in range(w):
+            out[(i - start) * w + j] = (v >> (8 * (w - 1 - j))) & 0xFF
+    return out
+
+
 def padded_ids(uniq: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`continuations`' output as `id_rows` gives it: empty continuations dropped, -1 after each one's end."""
     keep = lengths > 0  # an occurrence at a document's end has nothing to continue with
@@ -466,7 +483,7 @@ class Shard:
     def __post_init__(self):
         if self.alpha is not None:
             self.alpha = np.asarray(self.alpha, dtype=np.int64)
-        self._ranks: np.ndarray | None = None  # _rank_table
+        self._ranks: np.ndarray | None = None  # rank_table
         self.n = int(self.tok.shape[0])
         # what the compiled search reads: the token bytes as uint8 (numba has no big-endian arrays), and the
         # suffix array read-only like a mapped one's, so that in-memory and mapped shards share machine code
@@ -540,24 +557,21 @@ class Shard:
         self.dead_tokens = sum(b - a for a, b in self.dead)
 
     def encode(self, ctx: np.ndarray) -> bytes:
-        """Big-endian bytes of the context (non-negative ids) in this shard's storage (ranks when it has an
+        """Big-endian bytes of the context (ids in [0, sentinel)) in this shard's storage (ranks when it has an
         alphabet); the context is cut after the last id this shard does not contain (it cannot match across it)."""
-        if self.alpha is None:
-            return ctx.astype(be_dtype(self.width)).tobytes()
-        r = np.take(self._rank_table(), ctx, mode="clip")  # ids past the alphabet's last clip to its -1
-        missing = np.flatnonzero(r < 0)
-        if missing.size:
-            r = r[missing[-1] + 1:]
-        return r.astype(">u2").tobytes()
+        return encode_kernel(self.rank_table(), self.width, np.asarray(ctx, dtype=np.int64)).tobytes()
 
-    def _rank_table(self) -> np.ndarray:
+    def rank_table(self) -> np.ndarray:
         """Per id up to the alphabet's last one plus one, its rank in the alphabet or -1 (built on first use:
-        a table lookup is one numpy call per context, a search over the alphabet took about eight)."""
+        a table lookup per token); empty when the shard stores ids."""
         table = self._ranks
         if table is None:
             a = self.alpha
-            table = np.full(int(a[-1]) + 2 if a.size else 1, -1, dtype=np.int32)
-            table[a] = np.arange(a.size, dtype=np.int32)
+            if a is None:
+                table = np.zeros(0, dtype=np.int32)
+            else:
+                table = np.full(int(a[-1]) + 2 if a.size else 1, -1, dtype=np.int32)
+                table[a] = np.arange(a.size, dtype=np.int32)
             self._ranks = table
         return table
 

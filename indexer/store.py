@@ -25,8 +25,9 @@ from .ingest import content_hash, read_document  # noqa: F401 - content_hash: ca
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from rest_lsp.jit import njit
-from .shard import (ScanShard, Shard, id_rows_kernel, padded_ids, rank_order_kernel, join_documents, kind_of,
-                    sentinel_for_width, sort_shard, width_for_vocab, write_shard)
+from .shard import (ScanShard, Shard, _sa_find, _sa_longest, encode_kernel, id_rows_kernel, padded_ids,
+                    rank_order_kernel, join_documents, kind_of, sentinel_for_width, sort_shard, width_for_vocab,
+                    write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
 
 DEFAULT_WEIGHTS = {"live": 4.0, "repository": 2.0, "corpus": 1.0}
@@ -277,7 +278,17 @@ class Datastore:
 
     def _search(self, shards: tuple, ctx: list[int], n_min: int, k: int, max_len: int, limit: int | None,
                 first_k: bool) -> SearchRows:
-        best, hits = _longest_match(shards, np.array(ctx, dtype=np.int64), n_min)
+        ctx_a = np.array(ctx, dtype=np.int64)
+        lim = -1 if limit is None else max(0, limit)
+        if len(shards) == 1 and isinstance(shards[0], Shard) and not shards[0].dead and not first_k \
+                and k > 0 and max_len > 0:
+            # the common case (a corpus, a repository in one shard): the whole search in one compiled call.
+            # Right after a CPU forward pass every Python and numpy call runs from cold caches (0.05-0.1 ms
+            # each), and the path below makes about twenty of them: docs/engine.md
+            sh = shards[0]
+            return SearchRows(*_one_shard_search(*sh.kernel_view(), sh.rank_table(), ctx_a, n_min, k, max_len,
+                                                 float(sh.weight), lim))
+        best, hits = _longest_match(shards, ctx_a, n_min)
         if best == 0:
             return SearchRows.empty(max_len=max_len)
         info = []
@@ -289,7 +300,6 @@ class Datastore:
                 total += c
         if k <= 0 or max_len <= 0:
             return SearchRows.empty(best, total, max_len)
-        lim = -1 if limit is None else max(0, limit)
         if len(info) == 1 and not first_k and isinstance(info[0][0], Shard) and not info[0][0].dead:
             # the common case (the corpus alone holds the match): sample to ranking in one compiled call
             sh, c, lo, hi = info[0]
@@ -792,6 +802,21 @@ def _one_shard_ranked(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, quota, n, 
     return _ranked(rows, counts, counts * weight, limit)
 
 
+@njit
+def _one_shard_search(tb, off, w, n_tok, sentinel, sa, alpha, ranks, ctx, n_min, k, max_len, weight, limit):
+    """`Datastore._search` over one shard without masked documents (k > 0, max_len > 0; arguments as
+    `Shard.kernel_view`, then `Shard.rank_table`): (match length, count, rows, counts, weights)."""
+    cb = encode_kernel(ranks, w, ctx)
+    n_hi = cb.shape[0] // w
+    best, first = _sa_longest(tb, sa, off, w, cb, n_min, n_hi) if n_hi >= n_min else (0, -1)
+    if best == 0:
+        return 0, 0, np.full((0, max_len), -1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    lo, hi = _sa_find(tb, sa, off, w, cb[cb.shape[0] - best * w:], first)
+    rows, counts, weights = _one_shard_ranked(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, min(hi - lo, k), best,
+                                              max_len, weight, limit)
+    return best, hi - lo, rows, counts, weights
+
+
 class _Edit:
     """An update in the making: the documents after it, the spans of old shards it makes dead, its summary."""
 
@@ -839,13 +864,16 @@ def compile_kernels() -> None:
     _COMPILED = True
     rng = np.random.default_rng(0)
     tokens = np.concatenate([rng.integers(0, 60, 300), np.tile(np.arange(60, 80), 8)]).astype(np.uint32)
+    shards = [Shard.from_tokens("ranks", "repository", tokens, 4, compact=True),
+              Shard.from_tokens("ids", "corpus", tokens + 65_600, 4)]
     ds = Datastore.memory(vocab_size=70_000)
-    ds._install(ds.manifest, [Shard.from_tokens("ranks", "repository", tokens, 4, compact=True),
-                              Shard.from_tokens("ids", "corpus", tokens + 65_600, 4)])
+    ds._install(ds.manifest, shards)
     ds.set_live("live", tokens.tolist())
     for context in (tokens[:40].tolist(), np.arange(60, 75).tolist(), [1, 2, 3]):
         for n_max, n_min in ((16, 2), (2, 2)):
             ds.search_rows(context, n_max=n_max, n_min=n_min, k=256, max_len=6, limit=32)
+    for sh in shards:  # a store of one shard searches in one call
+        _one_shard_search(*sh.kernel_view(), sh.rank_table(), np.arange(60, 75, dtype=np.int64), 2, 256, 6, 1.0, 32)
 
 
 _COMPILED = False

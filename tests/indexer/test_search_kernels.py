@@ -8,7 +8,7 @@ import pytest
 
 from indexer.shard import ScanShard, Shard, be_dtype, join_documents
 from indexer.store import _continuations as store_continuations
-from indexer.store import _one_shard_ranked, _ranked
+from indexer.store import _one_shard_ranked, _one_shard_search, _ranked
 
 
 # ---- the reference: the code before the compiled search -------------------------------------------------
@@ -45,6 +45,19 @@ def ref_first(sh, p: bytes) -> int:
 def ref_find(sh, p: bytes) -> tuple[int, int]:
     lo = ref_first(sh, p)
     return (0, 0) if lo < 0 else (lo, ref_upper(sh, p, lo, sh.n))
+
+
+def ref_encode(sh, ctx: np.ndarray) -> bytes:
+    """Shard.encode before its loop was compiled: a rank table lookup (clipped), cut after the last absent id."""
+    if sh.alpha is None:
+        return ctx.astype(be_dtype(sh.width)).tobytes()
+    table = np.full(int(sh.alpha[-1]) + 2, -1, dtype=np.int64)
+    table[sh.alpha] = np.arange(sh.alpha.size)
+    r = np.take(table, ctx, mode="clip")
+    missing = np.flatnonzero(r < 0)
+    if missing.size:
+        r = r[missing[-1] + 1:]
+    return r.astype(">u2").tobytes()
 
 
 def ref_longest(sh, cb: bytes, n_lo: int, n_hi: int):
@@ -197,6 +210,60 @@ def test_binary_search_matches_python(width, compact, vocab):
                     want = ref_longest(sh, cb, n_lo, n_hi) if n_hi >= n_lo else (0, None)
                     assert got == want, (cb, n_lo, n_hi)
         assert found  # the patterns did find something
+
+
+def contexts(rng, sh: Shard, docs, vocab, count: int):
+    """Id contexts: pieces of the documents, some with an id of the vocabulary the shard may lack and, for a
+    shard of ranks, ids past its alphabet's last (the rank table clips them)."""
+    for _ in range(count):
+        d = docs[int(rng.integers(len(docs)))]
+        size = int(rng.integers(1, 14))
+        at = int(rng.integers(0, max(1, d.size - size + 1)))
+        ctx = d[at:at + size].astype(np.int64)
+        if rng.random() < 0.3:
+            ctx[int(rng.integers(ctx.size))] = rng.choice(vocab)
+        if sh.alpha is not None and rng.random() < 0.2:
+            ctx[int(rng.integers(ctx.size))] = int(sh.alpha[-1]) + int(rng.integers(1, 3))
+        yield ctx
+
+
+@pytest.mark.parametrize("width,compact,vocab", SHARDS)
+def test_encode_matches_numpy(width, compact, vocab):
+    rng = np.random.default_rng(200 + width * 10 + compact)
+    cut = 0
+    for _ in range(10):
+        sh, docs = make_shard(rng, width, compact, vocab)
+        for ctx in contexts(rng, sh, docs, vocab, 30):
+            got, want = sh.encode(ctx), ref_encode(sh, ctx)
+            assert got == want, ctx
+            cut += len(got) < ctx.size * sh.width
+    assert cut if compact else not cut  # ids a shard of ranks lacks cut the context; ids stored as such never
+
+
+@pytest.mark.parametrize("width,compact,vocab", SHARDS)
+def test_one_call_search_matches_its_parts(width, compact, vocab):
+    """The datastore's one-shard search in one compiled call (`_one_shard_search`) against the reference
+    parts: the encoding, the longest match by a plain scan, its range, the sampled rows, their ranking."""
+    rng = np.random.default_rng(300 + width * 10 + compact)
+    found = 0
+    for _ in range(10):
+        sh, docs = make_shard(rng, width, compact, vocab)
+        for ctx in contexts(rng, sh, docs, vocab, 25):
+            for n_min, k, max_len, limit in ((1, 5000, 4, -1), (2, 3, 6, 2), (3, 1, 1, 0)):
+                cb = ref_encode(sh, ctx)
+                m = len(cb) // sh.width
+                n, _ = ref_longest(sh, cb, n_min, m) if m >= n_min else (0, None)
+                got = _one_shard_search(*sh.kernel_view(), sh.rank_table(), ctx, n_min, k, max_len, 2.0, limit)
+                if n == 0:
+                    assert got[:2] == (0, 0) and got[2].shape == (0, max_len) and got[3].size == got[4].size == 0
+                    continue
+                found += 1
+                lo, hi = ref_find(sh, cb[-n * sh.width:])
+                rows, counts = ref_id_rows(sh, lo, hi, min(k, hi - lo), n, max_len)
+                assert got[:2] == (n, hi - lo)
+                for g, w in zip(got[2:], ref_ranked(rows, counts, counts * 2.0, None if limit < 0 else limit)):
+                    same(g, w)
+    assert found
 
 
 def test_pattern_past_the_last_suffix():
