@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = None if args.budget == "auto" else int(args.budget)
 
     times: dict[str, list[float]] = defaultdict(list)
-    drafter = Drafter(make_sources(args.policy, corpus=corpus, repository=repo))
+    # the engine's drafter cuts ids past the model's vocabulary (here the datastores' tokenizer's size)
+    vocab = (corpus or repo).fingerprint.get("vocab_size") if (corpus or repo) else None
+    drafter = Drafter(make_sources(args.policy, corpus=corpus, repository=repo), vocab_size=vocab)
     for s, _ in drafter.sources:  # the drafter asks for rows (`propose_rows`)
         s.propose_rows = _timed(f"propose {s.name}", s.propose_rows, times)
     for name in ("mix_rows", "rank_nodes", "best_size", "flatten"):

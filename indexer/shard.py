@@ -167,7 +167,7 @@ def _sa_first(tb, sa, off, w, p) -> int:
 
 
 @njit
-def _sa_find(tb, sa, off, w, p, first):
+def sa_find(tb, sa, off, w, p, first):
     """(lo, hi): the SA range of suffixes that start with p; first: `_sa_first` if known, else -1."""
     lo = _sa_first(tb, sa, off, w, p) if first < 0 else first
     if lo < 0:
@@ -191,7 +191,7 @@ def _last(cb, n, w):
 
 
 @njit
-def _sa_longest(tb, sa, off, w, cb, n_lo, n_hi):
+def sa_longest(tb, sa, off, w, cb, n_lo, n_hi):
     """(n, first) as Shard.longest for a shard without masked documents; (0, -1) if none."""
     good_at = _sa_first(tb, sa, off, w, _last(cb, n_lo, w))
     if good_at < 0:
@@ -588,7 +588,7 @@ class Shard:
     def find(self, p: bytes, first: int | None = None) -> tuple[int, int]:
         """SA range [lo, hi) of suffixes that start with the pattern bytes p. first: `_first(p)` if known
         (`longest` found it), which saves its binary search."""
-        return _sa_find(self._tbu, self._sa, self.off, self.width, np.frombuffer(p, np.uint8),
+        return sa_find(self._tbu, self._sa, self.off, self.width, np.frombuffer(p, np.uint8),
                         -1 if first is None else first)
 
     def occurs(self, p: bytes) -> bool:
@@ -630,7 +630,7 @@ class Shard:
         if n_hi < n_lo or self.n == 0:
             return 0, None
         if not self.dead:
-            n, first = _sa_longest(self._tbu, self._sa, self.off, self.width, np.frombuffer(cb, np.uint8),
+            n, first = sa_longest(self._tbu, self._sa, self.off, self.width, np.frombuffer(cb, np.uint8),
                                    n_lo, n_hi)
             return (n, first) if n else (0, None)
         w = self.width

@@ -25,7 +25,7 @@ from .ingest import content_hash, read_document  # noqa: F401 - content_hash: ca
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from rest_lsp.jit import njit
-from .shard import (ScanShard, Shard, _sa_find, _sa_longest, encode_kernel, id_rows_kernel, padded_ids,
+from .shard import (ScanShard, Shard, sa_find, sa_longest, encode_kernel, id_rows_kernel, padded_ids,
                     rank_order_kernel, join_documents, kind_of, sentinel_for_width, sort_shard, width_for_vocab,
                     write_shard)
 from .types import CorruptShard, IndexerError, SearchResult, SearchRows, TokenizerMismatch
@@ -808,10 +808,10 @@ def _one_shard_search(tb, off, w, n_tok, sentinel, sa, alpha, ranks, ctx, n_min,
     `Shard.kernel_view`, then `Shard.rank_table`): (match length, count, rows, counts, weights)."""
     cb = encode_kernel(ranks, w, ctx)
     n_hi = cb.shape[0] // w
-    best, first = _sa_longest(tb, sa, off, w, cb, n_min, n_hi) if n_hi >= n_min else (0, -1)
+    best, first = sa_longest(tb, sa, off, w, cb, n_min, n_hi) if n_hi >= n_min else (0, -1)
     if best == 0:
         return 0, 0, np.full((0, max_len), -1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-    lo, hi = _sa_find(tb, sa, off, w, cb[cb.shape[0] - best * w:], first)
+    lo, hi = sa_find(tb, sa, off, w, cb[cb.shape[0] - best * w:], first)
     rows, counts, weights = _one_shard_ranked(tb, off, w, n_tok, sentinel, sa, alpha, lo, hi, min(hi - lo, k), best,
                                               max_len, weight, limit)
     return best, hi - lo, rows, counts, weights

@@ -122,7 +122,7 @@ def compile_kernels() -> None:
     context, history, recycle = ContextSource(), HistorySource(), RecyclingSource()
     context.set_buffer("open", text)
     history.extend(text)
-    drafter = Drafter([(context, 0.4), (history, 0.4), (recycle, 0.2)])
+    drafter = Drafter([(context, 0.4), (history, 0.4), (recycle, 0.2)], vocab_size=100)  # (its check compiled)
     prompt = text[:30]
     drafter.begin(prompt)
     tree = drafter.draft(prompt, 8)

@@ -21,14 +21,27 @@ import bisect
 import numpy as np
 import torch
 
+from rest_lsp.jit import njit
+
+
+@njit
+def _outside(rows, vocab_size) -> bool:
+    """Does any of rows [C, L] lie outside [-1, vocab_size)? (one compiled call per source and step: the four
+    numpy calls it replaces cost 0.05-0.1 ms each right after a CPU forward pass)"""
+    for i in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            if rows[i, j] >= vocab_size or rows[i, j] < -1:
+                return True
+    return False
+
 
 def clip_rows(rows: np.ndarray, weights: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Drafted rows (padded with -1 after each end) cut before their first id outside [0, vocab_size);
     rows emptied by the cut dropped. Rows that become equal keep their own entries (the trie adds their
     weights)."""
-    bad = (rows >= vocab_size) | (rows < -1)
-    if not bad.any():
+    if not _outside(rows, vocab_size):
         return rows, weights
+    bad = (rows >= vocab_size) | (rows < -1)
     rows = np.where(np.logical_or.accumulate(bad, axis=1), -1, rows)
     keep = rows[:, 0] != -1
     return rows[keep], weights[keep]

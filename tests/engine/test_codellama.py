@@ -99,5 +99,10 @@ def test_ids_past_the_embedding_are_clipped_from_drafts(lm, tmp_path):
     assert [c for c, _ in clipped] == [(quote,)]   # cut before it
     rows = np.array([[fill, 5], [7, fill], [-2, -1]])  # -1 pads a row's end; any other negative id is cut
     assert row_tuples(*clip_rows(rows, np.array([1.0, 2.0, 1.0]), 32016)) == [((7,), 2.0)]
+    for bad in (32016, -2):   # the compiled check's bounds: the last id and -1 stay, one past either is cut
+        rows, weights = np.array([[32015, -1], [bad, 3]]), np.array([1.0, 2.0])
+        assert clip_rows(rows, weights, 32016)[0].tolist() == [[32015, -1]]
+        rows[1, 0] = 3
+        assert clip_rows(rows, weights, 32016)[0] is rows   # nothing outside: the rows themselves
     with pytest.raises(IndexError):   # why: the embedding has no row for it
         lm.model(torch.tensor([[1, fill]]))
