@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     times: dict[str, list[float]] = defaultdict(list)
     # the engine's drafter cuts ids past the model's vocabulary (here the datastores' tokenizer's size)
-    vocab = (corpus or repo).fingerprint.get("vocab_size") if (corpus or repo) else None
+    store = corpus if corpus is not None else repo
+    vocab = store.fingerprint.get("vocab_size") if store is not None else None
     drafter = Drafter(make_sources(args.policy, corpus=corpus, repository=repo), vocab_size=vocab)
     for s, _ in drafter.sources:  # the drafter asks for rows (`propose_rows`)
         s.propose_rows = _timed(f"propose {s.name}", s.propose_rows, times)

@@ -280,8 +280,7 @@ class Datastore:
                 first_k: bool) -> SearchRows:
         ctx_a = np.array(ctx, dtype=np.int64)
         lim = -1 if limit is None else max(0, limit)
-        if len(shards) == 1 and isinstance(shards[0], Shard) and not shards[0].dead and not first_k \
-                and k > 0 and max_len > 0:
+        if len(shards) == 1 and _compiled_whole(shards[0]) and not first_k and k > 0 and max_len > 0:
             # the common case (a corpus, a repository in one shard): the whole search in one compiled call.
             # Right after a CPU forward pass every Python and numpy call runs from cold caches (0.05-0.1 ms
             # each), and the path below makes about twenty of them: docs/engine.md
@@ -300,7 +299,7 @@ class Datastore:
                 total += c
         if k <= 0 or max_len <= 0:
             return SearchRows.empty(best, total, max_len)
-        if len(info) == 1 and not first_k and isinstance(info[0][0], Shard) and not info[0][0].dead:
+        if len(info) == 1 and not first_k and _compiled_whole(info[0][0]):
             # the common case (the corpus alone holds the match): sample to ranking in one compiled call
             sh, c, lo, hi = info[0]
             quota = (hi - lo) if total <= k else max(1, round(k * c / total))
@@ -728,6 +727,11 @@ class Datastore:
             except CorruptShard as e:
                 problems.append(str(e))
         return problems
+
+
+def _compiled_whole(sh) -> bool:
+    """Can one compiled call search this shard (a suffix-array shard without masked documents)?"""
+    return isinstance(sh, Shard) and not sh.dead
 
 
 def _longest_match(shards, ctx_a: np.ndarray, n_min: int) -> tuple[int, list]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import msgpack
 import pytest
@@ -24,6 +24,18 @@ SERVER_CMD = shlex.split(os.environ.get("REST_LSP_TEST_SERVER_CMD", "")) or [str
 PLUGIN = REPO / "editors" / "neovim"
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n"
+
+
+def wait_until(what: str, f: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    """f()'s first truthy value, asked every `interval` seconds; TimeoutError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = f()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
 
 
 def make_workspace(tmp: Path) -> Path:

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from editor_harness import CALC, PLUGIN, SERVER_CMD, Nvim, make_workspace, missing_editor, neovims, server_env, version
+from editor_harness import (CALC, PLUGIN, SERVER_CMD, Nvim, make_workspace, missing_editor, neovims, server_env,
+                            version, wait_until)
 
 if shutil.which("nvim") is None:
     missing_editor("Neovim is not installed (apt-get install neovim; scripts/test_editors.sh installs it)")
@@ -184,10 +185,7 @@ def test_a_late_suggestion_shows_without_another_key(late_session):
     nv = late_session
     # a request that comes while the model loads has its budgets start when it is ready, and a tiny model can
     # have the answer before the first check after that (seen once in a clean-clone run): wait for the model
-    deadline = time.monotonic() + 120
-    while server_stats(nv)["model"]["state"] != "ready":
-        assert time.monotonic() < deadline, "the model did not load"
-        time.sleep(0.2)
+    wait_until("the model to load", lambda: server_stats(nv)["model"]["state"] == "ready", timeout=120, interval=0.2)
     restart_insert(nv)
     nv.wait_for("require('rest_lsp.ghost').current() ~= nil", timeout=120, what="the suggestion after the notice")
     s = state(nv)

@@ -19,7 +19,8 @@ import pytest
 
 from editor_harness import CALC, SERVER, make_workspace, missing_editor
 from rest_lsp.storage import cache_root
-from vscode_harness import CodeServer, Workbench, find_tools, package_extension, wait_until
+from editor_harness import wait_until
+from vscode_harness import CodeServer, Workbench, find_tools, package_extension
 
 CALC_LINES = CALC.split("\n")
 BLOCK = (6, 5)   # 1-based line and column of the end of "    " in mul(): an empty block line

@@ -170,14 +170,19 @@ def make_shard(rng, width, compact, vocab) -> tuple[Shard, list[np.ndarray]]:
     return sh, docs
 
 
+def doc_piece(rng, docs, size_below: int) -> np.ndarray:
+    """A random run of 1 to size_below - 1 ids of a random document (int64)."""
+    d = docs[int(rng.integers(len(docs)))]
+    size = int(rng.integers(1, size_below))
+    at = int(rng.integers(0, max(1, d.size - size + 1)))
+    return d[at:at + size].astype(np.int64)
+
+
 def patterns(rng, sh: Shard, docs, count: int):
     """Encoded contexts: pieces of the documents (found), mutated (often not found), ids absent from the shard."""
     vocab = np.unique(np.concatenate(docs))
     for _ in range(count):
-        d = docs[int(rng.integers(len(docs)))]
-        size = int(rng.integers(1, 12))
-        at = int(rng.integers(0, max(1, d.size - size + 1)))
-        ctx = d[at:at + size].astype(np.int64)
+        ctx = doc_piece(rng, docs, 12)
         if rng.random() < 0.4:
             ctx = np.concatenate([rng.choice(vocab, size=int(rng.integers(0, 4))), ctx])
         if rng.random() < 0.3:
@@ -216,10 +221,7 @@ def contexts(rng, sh: Shard, docs, vocab, count: int):
     """Id contexts: pieces of the documents, some with an id of the vocabulary the shard may lack and, for a
     shard of ranks, ids past its alphabet's last (the rank table clips them)."""
     for _ in range(count):
-        d = docs[int(rng.integers(len(docs)))]
-        size = int(rng.integers(1, 14))
-        at = int(rng.integers(0, max(1, d.size - size + 1)))
-        ctx = d[at:at + size].astype(np.int64)
+        ctx = doc_piece(rng, docs, 14)
         if rng.random() < 0.3:
             ctx[int(rng.integers(ctx.size))] = rng.choice(vocab)
         if sh.alpha is not None and rng.random() < 0.2:
