@@ -122,6 +122,8 @@ class CodeServer:
             "editor.wordBasedSuggestions": "off",
             "files.autoSave": "off",
             "chat.disableAIFeatures": True,
+            # each inline-completion fetch in the window's log (browser-console.log): whether VS Code asked
+            "editor.inlineSuggest.logFetch": True,
             **settings,
         }
         self.port = free_port()
@@ -214,6 +216,10 @@ class Workbench:
         self.browser = self._pw.chromium.launch(executable_path=tools.chromium, headless=True,
                                                 args=CHROMIUM_ARGS)
         self.page = self.browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        # The window's own log (VS Code's renderer logs to the console): what it fetched, what failed
+        self.console_log = open(server.root / "browser-console.log", "a", buffering=1, errors="replace")
+        self.page.on("console", lambda m: self.console_log.write(
+            f"{time.strftime('%H:%M:%S')} {m.type}: {m.text[:2000]}\n"))
 
     def open(self) -> None:
         self.page.goto(self.server.url)
@@ -228,6 +234,7 @@ class Workbench:
             self.browser.close()
         finally:
             self._pw.stop()
+            self.console_log.close()
 
     def press(self, keys: str) -> None:
         self.page.keyboard.press(keys)

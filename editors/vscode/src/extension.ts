@@ -12,6 +12,7 @@ import {
 } from "vscode-languageclient/node";
 import { CURSOR_METHOD, CursorNotifier } from "./cursor";
 import { isEmptyResult, Place, READY_CAPABILITY, READY_METHOD, ReadyTracker } from "./ready";
+import { UnaskedTypingWatch } from "./unasked";
 import { expandPath, isExecutableFile, resolveServerLaunch, ServerLaunch, ServerNotFoundError } from "./launch";
 import { didChangeConfigurationParams, documentSelector, readSettings, RESTART_KEYS, RestLspSettings, serverOptions } from "./settings";
 import { formatStatsReport, ServerState, stateDetail, stateFromStats, StatsSummary, statusView, summarizeStats } from "./status";
@@ -31,6 +32,7 @@ let statsTimer: NodeJS.Timeout | undefined;
 let settings: RestLspSettings;
 let cursor: CursorNotifier;
 let ready = new ReadyTracker();
+let unasked: UnaskedTypingWatch;
 
 function currentSettings(): RestLspSettings {
   const cfg = vscode.workspace.getConfiguration(SECTION);
@@ -102,14 +104,39 @@ function placeOf(uri: string, document: vscode.TextDocument, position: vscode.Po
   return { uri, version: document.version, line: position.line, character: position.character };
 }
 
-/** Ask again for the suggestion the server announced, if the editor is still at that place. */
-async function askAgain(place: Place): Promise<void> {
+/** Trigger Inline Suggestion if the active editor is still at `place` (document version and cursor). */
+async function triggerAt(place: Place, why: string): Promise<void> {
   const editor = vscode.window.activeTextEditor;
   if (!editor || servedUri(editor.document) !== place.uri || editor.document.version !== place.version) return;
   const at = editor.selection.active;
   if (!editor.selection.isEmpty || at.line !== place.line || at.character !== place.character) return;
-  output.appendLine(`suggestion ready at ${place.line + 1}:${place.character + 1}: asking again`);
+  output.appendLine(`${why} at ${place.line + 1}:${place.character + 1}: asking`);
   await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+}
+
+/** Ask again for the suggestion the server announced. */
+function askAgain(place: Place): Promise<void> {
+  return triggerAt(place, "suggestion ready");
+}
+
+/** A typing change VS Code asked nothing for (its editor's inline controller not created yet: unasked.ts). */
+function askUnasked(uri: string, version: number): Promise<void> | undefined {
+  const editor = vscode.window.activeTextEditor;
+  if (!editor || !settings.completionsEnabled) return;
+  if (!vscode.workspace.getConfiguration("editor", editor.document).get<boolean>("inlineSuggest.enabled", true)) return;
+  const place = placeOf(uri, editor.document, editor.selection.active);
+  if (place.version !== version) return;
+  ready.willAsk(place);
+  return triggerAt(place, "VS Code asked nothing after typing");
+}
+
+/** Typing in the active editor's served document: the first keys of a new editor may go unasked. */
+function documentChanged(e: vscode.TextDocumentChangeEvent): void {
+  const editor = vscode.window.activeTextEditor;
+  // undo and redo ask VS Code for nothing either
+  if (!editor || editor.document !== e.document || e.contentChanges.length === 0 || e.reason !== undefined) return;
+  const uri = settings.completionsEnabled ? servedUri(e.document) : undefined;
+  if (uri) unasked.typed(uri, e.document.version);
 }
 
 async function provideInlineCompletionItems(
@@ -120,6 +147,7 @@ async function provideInlineCompletionItems(
   if (!settings.completionsEnabled) return undefined;
   const uri = servedUri(document);
   if (!uri) return next(document, position, context, token);
+  unasked.editorAsked(uri);
   const place = placeOf(uri, document, position);
   const own = ready.asking(place);
   const ctx = own ? { ...context, triggerKind: vscode.InlineCompletionTriggerKind.Automatic } : context;
@@ -206,7 +234,7 @@ async function startClient(): Promise<void> {
     void vscode.window.showErrorMessage(`rest-lsp failed to start: ${err}`, "Show Log").then((x) => x && output.show());
     return;
   }
-  setState("ready");
+  // Not "ready" yet: the server may still be loading its model. The first rest/stats below says which.
   // Settings changed while the server started were not sent (the client was not running): send them now.
   if (JSON.stringify(serverOptions(settings)) !== JSON.stringify(launched)) {
     output.appendLine("settings changed while the server started: sending them to the server");
@@ -221,6 +249,7 @@ async function startClient(): Promise<void> {
 
 async function stopClient(): Promise<void> {
   cursor.cancelAll();
+  unasked.cancelAll();
   if (statsTimer) clearInterval(statsTimer);
   statsTimer = undefined;
   const c = client;
@@ -281,7 +310,10 @@ async function onConfigurationChanged(e: vscode.ConfigurationChangeEvent): Promi
   const previous = settings;
   settings = currentSettings();
   render();
-  if (!settings.completionsEnabled) cursor.cancelAll();
+  if (!settings.completionsEnabled) {
+    cursor.cancelAll();
+    unasked.cancelAll();
+  }
   if (RESTART_KEYS.some((k) => e.affectsConfiguration(`${SECTION}.${k}`)) || !client) {
     await restart();
     return;
@@ -299,6 +331,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   statusItem.command = "restLsp.showStats";
   settings = currentSettings();
   cursor = new CursorNotifier(sendCursor, () => settings.completionsEnabled);
+  unasked = new UnaskedTypingWatch((uri, version) => void askUnasked(uri, version));
   context.subscriptions.push(
     output,
     statusItem,
@@ -309,7 +342,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidChangeConfiguration((e) => void onConfigurationChanged(e)),
     vscode.window.onDidChangeTextEditorSelection((e) => cursorMoved(e.textEditor)),
     vscode.window.onDidChangeActiveTextEditor(cursorMoved),
-    vscode.workspace.onDidCloseTextDocument((d) => cursor.cancel(client?.code2ProtocolConverter.asUri(d.uri) ?? d.uri.toString())),
+    vscode.workspace.onDidChangeTextDocument(documentChanged),
+    vscode.workspace.onDidCloseTextDocument((d) => {
+      const uri = client?.code2ProtocolConverter.asUri(d.uri) ?? d.uri.toString();
+      cursor.cancel(uri);
+      unasked.closed(uri);
+    }),
     { dispose: () => void stopClient() },
   );
   await startClient();

@@ -57,6 +57,11 @@ export class ReadyTracker {
     return own;
   }
 
+  /** The extension is about to ask at `place` for a reason of its own: that request is its own too. */
+  willAsk(place: Place): void {
+    this.reasking = place;
+  }
+
   /** The reply to the request for `place` (not for a cancelled one). */
   answered(place: Place, empty: boolean): Place | undefined {
     const last = this.last;

@@ -47,13 +47,18 @@ test("a missing server: an error naming what was searched, with the README one c
   await ext.deactivate();
 });
 
+/** test/stub-server.ts behind a script, as restLsp.server.path runs it; it logs what it gets to `log`. */
+function stubServer(tmp: string, log: string): string {
+  const server = path.join(tmp, "stub-server");
+  fs.writeFileSync(server, `#!/bin/sh\nexec "${process.execPath}" "${path.join(__dirname, "stub-server.js")}" "$@"\n`, { mode: 0o755 });
+  return server;
+}
+
 test("rest/cursor: sent once the cursor rests 250 ms, once when an editor becomes active, never while toggled off", { timeout: 60_000 }, async () => {
   // A stand-in server (test/stub-server.ts) logs what the extension sends, with the time it arrived.
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-cursor-"));
   const log = path.join(tmp, "notifications.jsonl");
-  const server = path.join(tmp, "stub-server");
-  fs.writeFileSync(server, `#!/bin/sh\nexec "${process.execPath}" "${path.join(__dirname, "stub-server.js")}" "$@"\n`, { mode: 0o755 });
-  const settings: Record<string, unknown> = { "server.path": server, "server.env": { STUB_LOG: log }, languages: ["python"] };
+  const settings: Record<string, unknown> = { "server.path": stubServer(tmp, log), "server.env": { STUB_LOG: log }, languages: ["python"] };
   const { vscode, state } = createFakeVscode(settings, [tmp]);
   const ext = loadExtension(BUNDLE, vscode);
   const doc = (file: string, languageId: string) => ({
@@ -108,6 +113,45 @@ test("rest/cursor: sent once the cursor rests 250 ms, once when an editor become
   } finally {
     await ext.deactivate();
     fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
+  }
+});
+
+test("typing VS Code asks nothing for (a new editor's first keys) is asked for, until VS Code asks itself", { timeout: 60_000 }, async () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-unasked-"));
+  const log = path.join(tmp, "notifications.jsonl");
+  const settings: Record<string, unknown> = { "server.path": stubServer(tmp, log), "server.env": { STUB_LOG: log }, languages: ["python"] };
+  const { vscode, state } = createFakeVscode(settings, [tmp]);
+  const ext = loadExtension(BUNDLE, vscode);
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+  const triggers = () => state.executed.filter((a) => a[0] === "editor.action.inlineSuggest.trigger").length;
+  try {
+    await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
+    await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"), 20_000);
+    const py = { uri: fileUri(path.join(tmp, "a.py")), languageId: "python", version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2 };
+    state.openDocument(py);
+    state.activateEditor(py, 0, 5);
+    state.typeChar();
+    state.typeChar();
+    await until("the extension asking for the unasked typing", () => triggers() === 1, 5000);
+    assert.ok(state.output.some((l) => l.startsWith("VS Code asked nothing after typing at 1:8")), state.output.join("\n"));
+    // An undo asks VS Code for nothing either; with inline suggestions off in the editor nothing is asked.
+    state.typeChar(1);
+    await sleep(800);
+    state.settings["inlineSuggest.enabled"] = false;
+    state.typeChar();
+    await sleep(800);
+    delete state.settings["inlineSuggest.enabled"];
+    assert.equal(triggers(), 1);
+    // VS Code asks (its controller exists now): typing there is left to VS Code from then on.
+    const provider = state.inlineProviders[0].provider;
+    const token = { isCancellationRequested: false, onCancellationRequested: () => ({ dispose() {} }) };
+    await provider.provideInlineCompletionItems(py, new vscode.Position(0, 9), { triggerKind: 1 }, token);
+    state.typeChar();
+    await sleep(800);
+    assert.equal(triggers(), 1);
+  } finally {
+    await ext.deactivate();
+    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 });
   }
 });
 

@@ -21,6 +21,8 @@ export interface FakeState {
   activateEditor(doc: FakeDocument, line: number, character: number): void;
   /** Move the cursor of the active editor, as a keystroke or click does. */
   moveCursor(line: number, character: number): void;
+  /** Type one character at the active editor's cursor (a new document version); `reason` 1 is undo, 2 redo. */
+  typeChar(reason?: number): void;
   fireConfigurationChange(keys: string[]): void;
   /** What showErrorMessage answers (a button label), e.g. "Open README". */
   errorChoice?: string;
@@ -60,9 +62,10 @@ function withFallback<T extends object>(obj: T, name: string): T {
 
 function emitter() {
   const listeners: Listener[] = [];
-  const event = (f: Listener) => {
-    listeners.push(f);
-    return { dispose: () => listeners.splice(listeners.indexOf(f), 1) };
+  const event = (f: Listener, thisArg?: unknown) => {
+    const g: Listener = thisArg === undefined ? f : (e) => f.call(thisArg, e);
+    listeners.push(g);
+    return { dispose: () => listeners.splice(listeners.indexOf(g), 1) };
   };
   return { event, fire: (e: unknown) => listeners.slice().forEach((f) => f(e)) };
 }
@@ -88,7 +91,8 @@ export function createFakeVscode(settings: Record<string, unknown>, workspaceFol
   const configChanged = emitter();
   const activeEditorChanged = emitter();
   const selectionChanged = emitter();
-  let activeEditor: { document: FakeDocument; selection: { active: Position; anchor: Position } } | undefined;
+  const documentChanged = emitter();
+  let activeEditor: { document: FakeDocument; selection: { active: Position; anchor: Position; isEmpty: boolean } } | undefined;
   const documents: FakeDocument[] = [];
   const state: FakeState = {
     settings,
@@ -106,14 +110,25 @@ export function createFakeVscode(settings: Record<string, unknown>, workspaceFol
     },
     activateEditor(doc, line, character) {
       const at = new Position(line, character);
-      activeEditor = { document: doc, selection: { active: at, anchor: at } };
+      activeEditor = { document: doc, selection: { active: at, anchor: at, isEmpty: true } };
       activeEditorChanged.fire(activeEditor);
     },
     moveCursor(line, character) {
       if (!activeEditor) throw new Error("no active editor");
       const at = new Position(line, character);
-      activeEditor.selection = { active: at, anchor: at };
+      activeEditor.selection = { active: at, anchor: at, isEmpty: true };
       selectionChanged.fire({ textEditor: activeEditor, selections: [activeEditor.selection], kind: 1 });
+    },
+    typeChar(reason) {
+      if (!activeEditor) throw new Error("no active editor");
+      const at = activeEditor.selection.active;
+      activeEditor.document.version += 1;
+      documentChanged.fire({
+        document: activeEditor.document,
+        contentChanges: [{ range: new Range(at, at), rangeOffset: 0, rangeLength: 0, text: "x" }],
+        reason,
+      });
+      state.moveCursor(at.line, at.character + 1);
     },
     fireConfigurationChange(keys) {
       configChanged.fire({ affectsConfiguration: (s: string) => keys.some((k) => k === s || k.startsWith(`${s}.`)) });
@@ -236,7 +251,7 @@ export function createFakeVscode(settings: Record<string, unknown>, workspaceFol
           },
           onDidOpenTextDocument: opened.event,
           onDidChangeConfiguration: configChanged.event,
-          onDidChangeTextDocument: none,
+          onDidChangeTextDocument: documentChanged.event,
           onDidCloseTextDocument: none,
           onDidSaveTextDocument: none,
           onWillSaveTextDocument: none,

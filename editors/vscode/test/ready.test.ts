@@ -48,3 +48,14 @@ test("parseNotice and isEmptyResult", () => {
   assert.equal(isEmptyResult({ items: [{ insertText: "x" }] }), false);
   assert.equal(isEmptyResult([{ insertText: "x" }]), false);
 });
+
+test("willAsk: the extension's next request at that place is its own, whatever came before", () => {
+  const r = new ReadyTracker();
+  r.asking(AT);
+  r.answered(AT, false);
+  r.willAsk({ ...AT, version: 4 });
+  assert.equal(r.asking(AT), false, "another version is not the place it meant to ask at");
+  r.willAsk(AT);
+  assert.equal(r.asking({ ...AT }), true);
+  assert.equal(r.asking({ ...AT }), false, "only the next request");
+});
