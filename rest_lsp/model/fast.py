@@ -183,15 +183,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 def sdpa_row_invariant() -> bool:
     """Whether torch's CPU attention gives a query row the same bits alone and among other rows (checked once
     per process). Tree speculation is exact only if it does: a tree row and plain decoding's single row must
-    round alike. On the AVX-512 development CPUs it does; on an AVX2-only EPYC (Zen3) it did not (1 row vs 2+,
-    2 vs 3+), and the fast verifier then attends in float64 (as rest_lsp/model/static.py always does): results
-    agree to ~1e-16 whatever the kernel's order, far below the rounding to fp32 that follows. The cost there:
-    a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7 s, an 8-row step +17% (docs/cpu.md)."""
+    round alike. A tree call differs from the single row in two ways, both checked: more query rows, and more
+    keys (the tree's own, masked out for the root), so the row's span is longer. On the AVX-512 development
+    CPUs both gave the same bits; on an AVX2-only EPYC (Zen3) neither did (rows 1-3 of each block of 32 query
+    rows, and trailing masked keys, changed the last bits), and the fast verifier then attends in float64 (as
+    rest_lsp/model/static.py always does): results agree to ~1e-16 whatever the kernel's order, far below the
+    rounding to fp32 that follows. The cost there: a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7
+    s, an 8-row step +17% (docs/cpu.md)."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, 9, 64), (2, 300, 64), (2, 300, 64)))
-    mask = torch.rand(9, 300, generator=g) > 0.1
-    full = attend(q, k, v, mask, None)
-    return all(torch.equal(attend(q[:, :n], k, v, mask[:n], None), full[:, :n]) for n in (1, 2, 3, 5))
+    n, keys = 70, 400
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, n, 64), (2, keys, 64), (2, keys, 64)))
+    for past in (41, 300):
+        mask = torch.zeros(n, past + n, dtype=torch.bool)
+        mask[:, :past] = True
+        mask[:, past] = True  # every row sees the root (row 0) ...
+        mask[torch.arange(n), past + torch.arange(n)] = True  # ... and itself: siblings below the root
+        full = attend(q, k[:, :past + n], v[:, :past + n], mask, None)
+        for m in range(1, n):
+            if not torch.equal(attend(q[:, :m], k[:, :past + m], v[:, :past + m], mask[:m, :past + m], None),
+                               full[:, :m]):
+                return False
+    return True
 
 
 def cpu_has_bf16() -> bool:
