@@ -105,27 +105,28 @@ function placeOf(uri: string, document: vscode.TextDocument, position: vscode.Po
 }
 
 /** Trigger Inline Suggestion if the active editor is still at `place` (document version and cursor). */
-async function triggerAt(place: Place, why: string): Promise<void> {
+function triggerAt(place: Place, why: string): boolean {
   const editor = vscode.window.activeTextEditor;
-  if (!editor || servedUri(editor.document) !== place.uri || editor.document.version !== place.version) return;
+  if (!editor || servedUri(editor.document) !== place.uri || editor.document.version !== place.version) return false;
   const at = editor.selection.active;
-  if (!editor.selection.isEmpty || at.line !== place.line || at.character !== place.character) return;
+  if (!editor.selection.isEmpty || at.line !== place.line || at.character !== place.character) return false;
   output.appendLine(`${why} at ${place.line + 1}:${place.character + 1}: asking`);
-  await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  return true;
 }
 
 /** Ask again for the suggestion the server announced. */
-function askAgain(place: Place): Promise<void> {
+function askAgain(place: Place): boolean {
   return triggerAt(place, "suggestion ready");
 }
 
 /** A typing change VS Code asked nothing for (its editor's inline controller not created yet: unasked.ts). */
-function askUnasked(uri: string, version: number): Promise<void> | undefined {
+function askUnasked(uri: string, version: number): boolean {
   const editor = vscode.window.activeTextEditor;
-  if (!editor || !settings.completionsEnabled) return;
-  if (!vscode.workspace.getConfiguration("editor", editor.document).get<boolean>("inlineSuggest.enabled", true)) return;
+  if (!editor || !settings.completionsEnabled) return false;
+  if (!vscode.workspace.getConfiguration("editor", editor.document).get<boolean>("inlineSuggest.enabled", true)) return false;
   const place = placeOf(uri, editor.document, editor.selection.active);
-  if (place.version !== version) return;
+  if (place.version !== version) return false;
   ready.willAsk(place);
   return triggerAt(place, "VS Code asked nothing after typing");
 }
@@ -153,7 +154,7 @@ async function provideInlineCompletionItems(
   const ctx = own ? { ...context, triggerKind: vscode.InlineCompletionTriggerKind.Automatic } : context;
   const result = await next(document, position, ctx, token);
   const again = token.isCancellationRequested ? undefined : ready.answered(place, isEmptyResult(result));
-  if (again) void askAgain(again);
+  if (again) askAgain(again);
   return result;
 }
 
@@ -219,7 +220,7 @@ async function startClient(): Promise<void> {
   c.onNotification(READY_METHOD, (params: unknown) => {
     output.appendLine(`${READY_METHOD} ${JSON.stringify(params)}`);
     const again = ready.notice(params);
-    if (again) void askAgain(again);
+    if (again) askAgain(again);
   });
   c.onDidChangeState((e) => {
     if (client !== c) return;
@@ -331,7 +332,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   statusItem.command = "restLsp.showStats";
   settings = currentSettings();
   cursor = new CursorNotifier(sendCursor, () => settings.completionsEnabled);
-  unasked = new UnaskedTypingWatch((uri, version) => void askUnasked(uri, version));
+  unasked = new UnaskedTypingWatch(askUnasked);
   context.subscriptions.push(
     output,
     statusItem,

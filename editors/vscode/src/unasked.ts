@@ -4,7 +4,9 @@
 // inline completion, and VS Code asks only at the next key: someone who opens a file and types at once on a
 // busy machine (the server loading its model) sees nothing. So, until VS Code has asked about a document,
 // a typing change it leaves unasked for `waitMs` is asked for by the extension (Trigger Inline Suggestion,
-// sent as Automatic); once VS Code has asked, its controller exists and the watch is off for that document.
+// sent as Automatic), once: that command creates the controller, and so does VS Code's own asking, so after
+// either the watch is off for the document until it is closed (at most one suggestion VS Code did not ask for,
+// e.g. while the user snoozed inline suggestions).
 // Pure: no `vscode` import, so the unit tests run under plain node with a fake clock.
 import { Clock, realClock } from "./cursor";
 
@@ -16,8 +18,9 @@ export class UnaskedTypingWatch {
   private readonly timers = new Map<string, unknown>();
 
   constructor(
-    /** Ask for the document's version, if the editor is still there (the caller checks cursor and version). */
-    private readonly ask: (uri: string, version: number) => void,
+    /** Ask for the document's version if the editor is still there (the caller checks cursor, version and
+     * settings); true when it asked, which turns the watch off for the document. */
+    private readonly ask: (uri: string, version: number) => boolean,
     private readonly clock: Clock = realClock,
     private readonly waitMs: number = UNASKED_WAIT_MS,
   ) {}
@@ -28,7 +31,7 @@ export class UnaskedTypingWatch {
     this.cancel(uri);
     this.timers.set(uri, this.clock.setTimeout(() => {
       this.timers.delete(uri);
-      if (!this.asked.has(uri)) this.ask(uri, version);
+      if (this.ask(uri, version)) this.asked.add(uri);
     }, this.waitMs));
   }
 

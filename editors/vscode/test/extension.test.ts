@@ -127,13 +127,10 @@ test("typing VS Code asks nothing for (a new editor's first keys) is asked for, 
   try {
     await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
     await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"), 20_000);
-    const py = { uri: fileUri(path.join(tmp, "a.py")), languageId: "python", version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2 };
+    const doc = (file: string) => ({ uri: fileUri(path.join(tmp, file)), languageId: "python", version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2 });
+    const py = doc("a.py");
     state.openDocument(py);
     state.activateEditor(py, 0, 5);
-    state.typeChar();
-    state.typeChar();
-    await until("the extension asking for the unasked typing", () => triggers() === 1, 5000);
-    assert.ok(state.output.some((l) => l.startsWith("VS Code asked nothing after typing at 1:8")), state.output.join("\n"));
     // An undo asks VS Code for nothing either; with inline suggestions off in the editor nothing is asked.
     state.typeChar(1);
     await sleep(800);
@@ -141,11 +138,21 @@ test("typing VS Code asks nothing for (a new editor's first keys) is asked for, 
     state.typeChar();
     await sleep(800);
     delete state.settings["inlineSuggest.enabled"];
+    assert.equal(triggers(), 0);
+    state.typeChar();
+    state.typeChar();
+    await until("the extension asking for the unasked typing", () => triggers() === 1, 5000);
+    assert.ok(state.output.some((l) => l.startsWith("VS Code asked nothing after typing at 1:10")), state.output.join("\n"));
+    state.typeChar();   // once per document: that command made VS Code's controller
+    await sleep(800);
     assert.equal(triggers(), 1);
-    // VS Code asks (its controller exists now): typing there is left to VS Code from then on.
+    // A document VS Code has asked about (its controller exists) is left to VS Code.
+    const other = doc("b.py");
+    state.openDocument(other);
+    state.activateEditor(other, 0, 5);
     const provider = state.inlineProviders[0].provider;
     const token = { isCancellationRequested: false, onCancellationRequested: () => ({ dispose() {} }) };
-    await provider.provideInlineCompletionItems(py, new vscode.Position(0, 9), { triggerKind: 1 }, token);
+    await provider.provideInlineCompletionItems(other, new vscode.Position(0, 5), { triggerKind: 1 }, token);
     state.typeChar();
     await sleep(800);
     assert.equal(triggers(), 1);

@@ -9,8 +9,9 @@ const B = "file:///w/b.py";
 function setup() {
   const clock = new FakeClock();
   const asked: Array<[string, number]> = [];
-  const watch = new UnaskedTypingWatch((uri, version) => void asked.push([uri, version]), clock);
-  return { clock, asked, watch };
+  const declined = new Set<number>();   // versions the extension does not ask for (editor moved, setting off)
+  const watch = new UnaskedTypingWatch((uri, version) => !declined.has(version) && asked.push([uri, version]) > 0, clock);
+  return { clock, asked, watch, declined };
 }
 
 test("a typing change VS Code leaves unasked is asked for once the wait is over, at the last version typed", () => {
@@ -24,6 +25,9 @@ test("a typing change VS Code leaves unasked is asked for once the wait is over,
   clock.advance(1);
   assert.deepEqual(asked, [[A, 3]]);
   assert.deepEqual(watch.pending(), []);
+  watch.typed(A, 4);   // asked once: the command created VS Code's controller, which asks from now on
+  clock.advance(2 * UNASKED_WAIT_MS);
+  assert.deepEqual(asked, [[A, 3]]);
 });
 
 test("once VS Code asks about a document, its typing is never asked for again (until it is closed)", () => {
@@ -52,4 +56,15 @@ test("cancelAll and closed drop what is waiting", () => {
   watch.cancelAll();
   clock.advance(2 * UNASKED_WAIT_MS);
   assert.deepEqual(asked, []);
+});
+
+test("a change the extension declined to ask for (the editor moved on, inline suggestions off) keeps the watch on", () => {
+  const { clock, asked, watch, declined } = setup();
+  declined.add(2);
+  watch.typed(A, 2);
+  clock.advance(UNASKED_WAIT_MS);
+  assert.deepEqual(asked, []);
+  watch.typed(A, 3);
+  clock.advance(UNASKED_WAIT_MS);
+  assert.deepEqual(asked, [[A, 3]]);
 });
