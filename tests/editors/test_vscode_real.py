@@ -17,9 +17,8 @@ import time
 
 import pytest
 
-from editor_harness import CALC, SERVER, make_workspace, missing_editor
+from editor_harness import CALC, SERVER, make_workspace, missing_editor, wait_until
 from rest_lsp.storage import cache_root
-from editor_harness import wait_until
 from vscode_harness import CodeServer, Workbench, find_tools, package_extension
 
 CALC_LINES = CALC.split("\n")

@@ -123,7 +123,7 @@ function askAgain(place: Place): boolean {
 /** A typing change VS Code asked nothing for (its editor's inline controller not created yet: unasked.ts). */
 function askUnasked(uri: string, version: number): boolean {
   const editor = vscode.window.activeTextEditor;
-  if (!editor || !settings.completionsEnabled) return false;
+  if (!editor) return false;   // (turning completions off cancels the watch's timers)
   if (!vscode.workspace.getConfiguration("editor", editor.document).get<boolean>("inlineSuggest.enabled", true)) return false;
   const place = placeOf(uri, editor.document, editor.selection.active);
   if (place.version !== version) return false;

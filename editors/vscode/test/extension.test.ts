@@ -7,7 +7,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
-import { createFakeVscode, fileUri, loadExtension } from "./fake-vscode";
+import { createFakeVscode, FakeDocument, FakeState, fileUri, loadExtension } from "./fake-vscode";
 
 const ROOT = path.resolve(__dirname, "..", "..");          // editors/vscode
 const BUNDLE = path.join(ROOT, "out", "extension.js");
@@ -47,30 +47,44 @@ test("a missing server: an error naming what was searched, with the README one c
   await ext.deactivate();
 });
 
-/** test/stub-server.ts behind a script, as restLsp.server.path runs it; it logs what it gets to `log`. */
-function stubServer(tmp: string, log: string): string {
-  const server = path.join(tmp, "stub-server");
-  fs.writeFileSync(server, `#!/bin/sh\nexec "${process.execPath}" "${path.join(__dirname, "stub-server.js")}" "$@"\n`, { mode: 0o755 });
-  return server;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+interface StubSession {
+  log: string; // what the stand-in server got: one JSON line per notification, with its arrival time
+  settings: Record<string, unknown>;
+  vscode: any;
+  state: FakeState;
+  doc(file: string, languageId?: string): FakeDocument;
 }
 
-test("rest/cursor: sent once the cursor rests 250 ms, once when an editor becomes active, never while toggled off", { timeout: 60_000 }, async () => {
-  // A stand-in server (test/stub-server.ts) logs what the extension sends, with the time it arrived.
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-cursor-"));
+/** The extension activated against test/stub-server.ts (restLsp.server.path, serving python) and ready; `body`
+ * runs, then the extension is deactivated and its folder removed. */
+async function withStubServer(prefix: string, body: (s: StubSession) => Promise<void>): Promise<void> {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
   const log = path.join(tmp, "notifications.jsonl");
-  const settings: Record<string, unknown> = { "server.path": stubServer(tmp, log), "server.env": { STUB_LOG: log }, languages: ["python"] };
+  const server = path.join(tmp, "stub-server");
+  fs.writeFileSync(server, `#!/bin/sh\nexec "${process.execPath}" "${path.join(__dirname, "stub-server.js")}" "$@"\n`, { mode: 0o755 });
+  const settings: Record<string, unknown> = { "server.path": server, "server.env": { STUB_LOG: log }, languages: ["python"] };
   const { vscode, state } = createFakeVscode(settings, [tmp]);
   const ext = loadExtension(BUNDLE, vscode);
-  const doc = (file: string, languageId: string) => ({
+  const doc = (file: string, languageId = "python") => ({
     uri: fileUri(path.join(tmp, file)), languageId, version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2,
   });
-  const cursorReports = () => fs.existsSync(log)
-    ? fs.readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((n) => n.method === "rest/cursor")
-    : [];
-  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
   try {
     await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
     await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"), 20_000);
+    await body({ log, settings, vscode, state, doc });
+  } finally {
+    await ext.deactivate();
+    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
+  }
+}
+
+test("rest/cursor: sent once the cursor rests 250 ms, once when an editor becomes active, never while toggled off", { timeout: 60_000 }, async () => {
+  await withStubServer("rest-lsp-cursor-", async ({ log, settings, state, doc }) => {
+    const cursorReports = () => fs.existsSync(log)
+      ? fs.readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((n) => n.method === "rest/cursor")
+      : [];
     const py = doc("a.py", "python");
     state.openDocument(py);
     const activated = Date.now();
@@ -110,24 +124,12 @@ test("rest/cursor: sent once the cursor rests 250 ms, once when an editor become
     state.moveCursor(2, 0);
     await until("a report once back on", () => cursorReports().length === 3, 5000);
     assert.deepEqual(cursorReports()[2].params.position, { line: 2, character: 0 });
-  } finally {
-    await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
-  }
+  });
 });
 
 test("typing VS Code asks nothing for (a new editor's first keys) is asked for, until VS Code asks itself", { timeout: 60_000 }, async () => {
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-unasked-"));
-  const log = path.join(tmp, "notifications.jsonl");
-  const settings: Record<string, unknown> = { "server.path": stubServer(tmp, log), "server.env": { STUB_LOG: log }, languages: ["python"] };
-  const { vscode, state } = createFakeVscode(settings, [tmp]);
-  const ext = loadExtension(BUNDLE, vscode);
-  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-  const triggers = () => state.executed.filter((a) => a[0] === "editor.action.inlineSuggest.trigger").length;
-  try {
-    await ext.activate({ subscriptions: [], extensionUri: fileUri(ROOT) });
-    await until("the ready state", () => state.statusItem.text.startsWith("$(sparkle) REST"), 20_000);
-    const doc = (file: string) => ({ uri: fileUri(path.join(tmp, file)), languageId: "python", version: 1, getText: () => "x = 1\n", isClosed: false, lineCount: 2 });
+  await withStubServer("rest-lsp-unasked-", async ({ vscode, state, doc }) => {
+    const triggers = () => state.executed.filter((x) => x[0] === "editor.action.inlineSuggest.trigger").length;
     const py = doc("a.py");
     state.openDocument(py);
     state.activateEditor(py, 0, 5);
@@ -156,10 +158,7 @@ test("typing VS Code asks nothing for (a new editor's first keys) is asked for, 
     state.typeChar();
     await sleep(800);
     assert.equal(triggers(), 1);
-  } finally {
-    await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 });
-  }
+  });
 });
 
 const missing = fs.existsSync(SERVER) ? undefined : `rest-lsp is not installed at ${SERVER} (run scripts/install.sh)`;
