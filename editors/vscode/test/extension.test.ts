@@ -8,6 +8,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
 import { createFakeVscode, FakeDocument, FakeState, fileUri, loadExtension } from "./fake-vscode";
+import { removeDir } from "./remove-dir";
 
 const ROOT = path.resolve(__dirname, "..", "..");          // editors/vscode
 const BUNDLE = path.join(ROOT, "out", "extension.js");
@@ -76,7 +77,7 @@ async function withStubServer(prefix: string, body: (s: StubSession) => Promise<
     await body({ log, settings, vscode, state, doc });
   } finally {
     await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
+    await removeDir(tmp);
   }
 }
 
@@ -231,6 +232,6 @@ test("activated against the real server: status, inline completions, toggle, set
     }, 30_000);
   } finally {
     await ext.deactivate();
-    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
+    await removeDir(tmp);
   }
 });

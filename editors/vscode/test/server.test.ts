@@ -12,6 +12,7 @@ import { createMessageConnection, StreamMessageReader, StreamMessageWriter } fro
 import { isExecutableFile as isExecutable, resolveServerLaunch } from "../src/launch";
 import { didChangeConfigurationParams, readSettings, serverOptions } from "../src/settings";
 import { summarizeStats } from "../src/status";
+import { removeDir } from "./remove-dir";
 
 // out-test/test/ -> editors/vscode -> repository root
 const REPO = path.resolve(__dirname, "..", "..", "..", "..");
@@ -134,6 +135,6 @@ test("the extension's launch talks LSP inline completion with the real server", 
     throw new Error(`${err}\n--- server stderr ---\n${stderr.slice(-4000)}`);
   } finally {
     conn.dispose();
-    fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 }); // a server still exiting may write into it
+    await removeDir(tmp);
   }
 });
