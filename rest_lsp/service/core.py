@@ -523,7 +523,7 @@ class CompletionService:
                     return ans, "complete"
                 ready_at = self.worker.ready_at
                 if ready_at is None:  # the model is loading: budgets start once it can work
-                    await _wait(changed, POLL_S)
+                    await wait_for_event(changed, POLL_S)
                     continue
                 start = max(arrived, ready_at)
                 budget_end = start + time_ms / 1000 - REPLY_MARGIN_S
@@ -546,7 +546,7 @@ class CompletionService:
                     if shown or automatic:
                         return shown, "time"
                 future = [d for d in deadlines if d > now]
-                await _wait(changed, (min(future) - now) if future else POLL_S)
+                await wait_for_event(changed, (min(future) - now) if future else POLL_S)
         finally:
             pred.unsubscribe(wake)
 
@@ -613,11 +613,16 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
     """A watch records nothing: its request was recorded when it was answered."""
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
+async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
+    """Until `event` is set or `timeout` seconds passed; a cancellation always propagates. (Not
+    asyncio.wait_for: before Python 3.12 it returns instead of raising when the cancellation comes in the
+    same turn as the event, which the decoding steps set many times a second: a cancelled request then
+    waited for the whole prediction and was answered.)"""
+    setting = asyncio.ensure_future(event.wait())
     try:
-        await asyncio.wait_for(event.wait(), max(0.001, timeout))
-    except asyncio.TimeoutError:
-        pass
+        await asyncio.wait({setting}, timeout=max(0.001, timeout))
+    finally:
+        setting.cancel()
 
 
 __all__ = ["CompletionService", "CompletionRequest", "CompletionResponse", "Item", "ServiceError", "Backend",

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rest_lsp.service.config import ModelLimits, ServerConfig
-from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError
+from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError, wait_for_event
 from rest_lsp.service.prediction import Prediction, answer
 from rest_lsp.service.prompt import build_context
 from rest_lsp.service.worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted
@@ -136,6 +136,19 @@ async def test_a_cancelled_request_leaves_its_prediction_decoding_for_the_next_p
         assert t["cancelled"] == 1 and t["model_calls"] == 1
     finally:
         svc.close()
+
+
+async def test_a_cancellation_that_comes_with_a_decoding_step_is_not_lost():
+    # The waits between steps end when the prediction decodes a step; a cancellation in the same turn of the
+    # event loop as that step must still cancel the request (Python 3.11's asyncio.wait_for returned the
+    # step instead: the cancelled request waited for the whole prediction and was answered normally, CI)
+    step = asyncio.Event()
+    wait = asyncio.ensure_future(wait_for_event(step, 10.0))
+    await asyncio.sleep(0)  # waiting for the step
+    step.set()
+    wait.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await wait
 
 
 @pytest.mark.parametrize("typing", [True, False])
