@@ -332,6 +332,7 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
         "server": {k: st["totals"].get(k) for k in (
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
             "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
+            "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms",
             "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications", "ready_notices")},
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
     }
@@ -434,6 +435,13 @@ def table(report: dict) -> str:
                    f"{r['shown_latency_ms_p50'] or 0:>7.0f} {r['shown_latency_ms_p95'] or 0:>7.0f} {r['keys_typed']:>6} "
                    f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
                    f"{predictions(r['server']):>25}")
+    for m, r in report["methods"].items():  # the decoding itself: what a step verified, cost and gave
+        sv = r["server"]
+        if sv.get("steps"):
+            out.append(f"{m}: {sv['tokens']} tokens in {sv['steps']} steps (M {sv['tokens'] / sv['steps']:.2f}), "
+                       f"{(sv.get('draft_nodes') or 0) / sv['steps']:.1f} draft nodes and "
+                       f"{(sv.get('forward_ms') or 0) / sv['steps']:.0f} ms forward per step, "
+                       f"{(sv.get('forward_ms') or 0) / sv['tokens']:.0f} ms per token")
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")

@@ -195,6 +195,7 @@ class EngineBackend:
                 "accepted_per_step": round(tokens / r.steps, 3) if r.steps else None,
                 "prefill_ms": round(r.prefill_s * 1000, 2), "decode_ms": round(r.decode_s * 1000, 2),
                 "retrieval_ms": round(sum(r.retrieval_ms), 2), "forward_ms": round(sum(r.forward_ms), 2),
+                "draft_nodes": sum(r.draft_sizes),
                 "stop_reason": r.stop_reason if run.done else None, "prompt_tokens": r.prompt_tokens,
                 "reused_tokens": r.reused_tokens, "computed_tokens": run.computed, "forwards": run.forwards,
                 "accepted_sources": dict(r.accepted_sources)}

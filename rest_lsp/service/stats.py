@@ -30,7 +30,8 @@ class Stats:
             "requests": 0, "model_calls": 0, "cache_hits": 0, **{o: 0 for o in OUTCOMES},
             **{c: 0 for c in COUNTERS},
             # model runs (predictions, samples): decoded tokens, steps, time, accepted draft tokens per source
-            "runs": 0, "tokens": 0, "steps": 0, "retrieval_ms": 0.0, "forward_ms": 0.0, "prefill_ms": 0.0,
+            "runs": 0, "tokens": 0, "steps": 0, "draft_nodes": 0, "retrieval_ms": 0.0, "forward_ms": 0.0,
+            "prefill_ms": 0.0,
             "prompt_tokens": 0, "reused_prompt_tokens": 0, "accepted_sources": {},
             "wasted_tokens": 0, "wasted_steps": 0,  # decoded by runs stopped before anything was shown
         }
@@ -76,7 +77,7 @@ class Stats:
         with self._lock:
             t = self.totals
             t["runs"] += 1
-            for k in ("tokens", "steps", "retrieval_ms", "forward_ms", "prefill_ms", "prompt_tokens"):
+            for k in ("tokens", "steps", "draft_nodes", "retrieval_ms", "forward_ms", "prefill_ms", "prompt_tokens"):
                 t[k] += figures.get(k) or 0
             t["reused_prompt_tokens"] += figures.get("reused_tokens") or 0
             for name, n in (figures.get("accepted_sources") or {}).items():

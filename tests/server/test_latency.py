@@ -14,6 +14,7 @@ from rest_lsp.service.config import ModelLimits, ServerConfig
 from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError, wait_for_event
 from rest_lsp.service.prediction import Prediction, answer
 from rest_lsp.service.prompt import build_context
+from rest_lsp.service.stats import Stats
 from rest_lsp.service.worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted
 
 
@@ -550,3 +551,13 @@ async def test_a_prediction_stopped_before_it_ran_still_answers_its_request():
         blocker.future.result(5)
     finally:
         svc.close()
+
+
+def test_run_totals_add_up_the_decoding_figures():
+    # what the typing benchmark divides: tree size and forward time per step, over every model run
+    st = Stats()
+    st.record_run({"tokens": 7, "steps": 5, "draft_nodes": 20, "forward_ms": 100.0})
+    st.record_run({"tokens": 3, "steps": 3, "draft_nodes": 0, "forward_ms": 45.5}, wasted=True)
+    t = st.snapshot()["totals"]
+    assert (t["runs"], t["tokens"], t["steps"], t["draft_nodes"], t["forward_ms"]) == (2, 10, 8, 20, 145.5)
+    assert (t["wasted_tokens"], t["wasted_steps"], t["accepted_per_step"]) == (3, 3, 1.25)
