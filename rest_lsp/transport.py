@@ -416,14 +416,15 @@ async def run_connection(conn: Connection, read: Callable[[], Awaitable[bytes]],
     while True:
         if pending is None:
             pending = asyncio.ensure_future(read())
+        if conn.reader.pending:
+            # asyncio.wait leaves the read running when the wait times out (wait_for needed a shield) and,
+            # unlike wait_for before Python 3.12, never swallows a cancellation that comes with the data
+            done, _ = await asyncio.wait({pending}, timeout=stall_s)
+            if not done:
+                conn.stalled()
+                continue
         try:
-            if conn.reader.pending:
-                data = await asyncio.wait_for(asyncio.shield(pending), stall_s)
-            else:
-                data = await pending
-        except asyncio.TimeoutError:
-            conn.stalled()
-            continue
+            data = await pending
         except (OSError, ValueError) as exc:
             conn.close()
             return f"reading the client's stream failed ({type(exc).__name__}: {exc})"
