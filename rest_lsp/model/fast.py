@@ -43,7 +43,7 @@ from rest_lsp.engine.verifier import SlotCache
 from .int8row import Int8RowLinear, is_int8
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-SUPPORTED_ARCHS = ("qwen2", "llama")
+SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -95,8 +95,8 @@ def _check_supported(model: Any) -> None:
     if not all(isinstance(m, (torch.nn.Linear, Int8RowLinear)) for m in linears):
         raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an Int8RowLinear "
                                "(torch's quantize_dynamic int8 modules are not supported)")
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        raise UnsupportedModel("fast verifier: per-head q/k norms (Qwen3-style) are not supported")
+    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+        raise UnsupportedModel("fast verifier: a per-head norm of the queries or of the keys alone")
 
 
 class Dense(torch.nn.Module):
@@ -135,6 +135,9 @@ class Layer(torch.nn.Module):
     def __init__(self, hf_layer: Any, packed: bool, min_rows: int):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
+        # Qwen3: per-head RMSNorm of the queries and keys (None elsewhere)
+        self.q_norm = a.q_norm.weight.detach() if hasattr(a, "q_norm") else None
+        self.k_norm = a.k_norm.weight.detach() if hasattr(a, "k_norm") else None
         if isinstance(a.q_proj, Int8RowLinear):
             # int8: the model's own modules (no float weights to pack); int8 products need no row padding
             self.qkv: torch.nn.Module = Int8RowLinear.fuse(a.q_proj, a.k_proj, a.v_proj)
@@ -155,7 +158,7 @@ class Layer(torch.nn.Module):
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, scale in the weights' dtype
+    # as transformers' Qwen2RMSNorm/Qwen3RMSNorm/LlamaRMSNorm: normalise in fp32, scale in the weights' dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return w * xf.to(x.dtype)
@@ -265,7 +268,7 @@ class ScreenedHead(torch.nn.Module):
 
 
 class StaticLM(torch.nn.Module):
-    """A gpt-fast-style forward of a Qwen2/Llama causal LM over a preallocated KV cache.
+    """A gpt-fast-style forward of a Qwen2/Qwen3/Llama causal LM over a preallocated KV cache.
 
     Cache [layers, 2 (k, v), kv_heads, max_len, head_dim], passed in (a graph input when compiled). A forward writes its q entries at slots
     `start .. start+q-1` and attends over the first `span` slots under `mask` [q, span]; the eager path
@@ -312,10 +315,12 @@ class StaticLM(torch.nn.Module):
         cos, sin = self.cos[positions], self.sin[positions]  # [q, hd]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(rms_norm(x, layer.in_norm, self.eps))  # [q, (nh + 2 nkv) hd]
-            qh = qkv[:, : nh * hd].view(q, nh, hd).transpose(0, 1)  # [nh, q, hd]
-            kh = qkv[:, nh * hd : (nh + nkv) * hd].view(q, nkv, hd).transpose(0, 1)  # [nkv, q, hd]
-            vh = qkv[:, (nh + nkv) * hd :].view(q, nkv, hd).transpose(0, 1)
-            qh, kh = rope(qh, cos, sin), rope(kh, cos, sin)
+            qh = qkv[:, : nh * hd].view(q, nh, hd)  # [q, nh, hd]
+            kh = qkv[:, nh * hd : (nh + nkv) * hd].view(q, nkv, hd)  # [q, nkv, hd]
+            vh = qkv[:, (nh + nkv) * hd :].view(q, nkv, hd).transpose(0, 1)  # [nkv, q, hd]
+            if layer.q_norm is not None:
+                qh, kh = rms_norm(qh, layer.q_norm, self.eps), rms_norm(kh, layer.k_norm, self.eps)
+            qh, kh = rope(qh.transpose(0, 1), cos, sin), rope(kh.transpose(0, 1), cos, sin)
             kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class UnsupportedModel(ValueError):
@@ -56,12 +56,12 @@ def check_supported(model: Any) -> None:
     mods += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     if not all(isinstance(m, torch.nn.Linear) for m in mods):
         raise UnsupportedModel("static verifier: every projection must be an nn.Linear")
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        raise UnsupportedModel("static verifier: per-head q/k norms (Qwen3-style) are not supported")
+    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+        raise UnsupportedModel("static verifier: a per-head norm of the queries or of the keys alone")
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    # as transformers' LlamaRMSNorm / Qwen2RMSNorm: normalise in fp32, scale in the weight's dtype
+    # as transformers' LlamaRMSNorm / Qwen2RMSNorm / Qwen3RMSNorm: normalise in fp32, scale in the weight's dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * xf.to(x.dtype)
@@ -130,8 +130,11 @@ class StaticVerifier(SlotCache):
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             h = _rms_norm(x, layer.input_layernorm)
-            q = _rope(a.q_proj(h).view(r, nh, hd).transpose(0, 1), cos, sin)   # [nh, R, hd]
-            k = _rope(a.k_proj(h).view(r, nkv, hd).transpose(0, 1), cos, sin)
+            q, k = a.q_proj(h).view(r, nh, hd), a.k_proj(h).view(r, nkv, hd)
+            if hasattr(a, "q_norm"):   # Qwen3: each head's query and key RMS-normalised before the rotary
+                q, k = _rms_norm(q, a.q_norm), _rms_norm(k, a.k_norm)
+            q = _rope(q.transpose(0, 1), cos, sin)   # [nh, R, hd]
+            k = _rope(k.transpose(0, 1), cos, sin)
             v = a.v_proj(h).view(r, nkv, hd).transpose(0, 1)
             kv = self.cache[i]   # [2, nkv, capacity, hd]
             kv[0].index_copy_(1, slots, k)

@@ -56,31 +56,35 @@ def train_tokenizer(vocab_size: int = 512):
     )
 
 
-def tiny_config(vocab_size: int, *, layers: int = 2, hidden: int = 64):
-    from transformers import Qwen2Config
+def tiny_config(vocab_size: int, *, layers: int = 2, hidden: int = 64, arch: str = "qwen2"):
+    """arch "qwen2" (Qwen2.5-Coder's) or "qwen3" (per-head q/k norms, an explicit head width, no q/k/v bias)."""
+    from transformers import Qwen2Config, Qwen3Config
 
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False)
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=hidden // 4)
+    if arch != "qwen2":
+        raise ValueError(f"tiny model: arch must be qwen2 or qwen3, got {arch!r}")
+    return Qwen2Config(**common)
 
 
-def make_tiny_model_dir(path: str | Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
+def make_tiny_model_dir(path: str | Path, *, seed: int = 0, vocab_size: int = 512, arch: str = "qwen2") -> Path:
     """Write a loadable model directory (config, safetensors weights, tokenizer) and return its path."""
     import torch
-    from transformers import Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM, Qwen3ForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(vocab_size)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(tiny_config(len(tokenizer))).eval()
+    cls = Qwen3ForCausalLM if arch == "qwen3" else Qwen2ForCausalLM
+    model = cls(tiny_config(len(tokenizer), arch=arch)).eval()
+    if arch == "qwen3":
+        with torch.no_grad():  # random q/k norm weights (they start at 1): a verifier that skipped them would show
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -258,10 +262,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--family", choices=("qwen", "codellama"), default="qwen")
+    parser.add_argument("--family", choices=("qwen", "qwen3", "codellama"), default="qwen")
     args = parser.parse_args(argv)
-    make = make_tiny_codellama_dir if args.family == "codellama" else make_tiny_model_dir
-    print(make(args.dir, seed=args.seed))
+    if args.family == "codellama":
+        print(make_tiny_codellama_dir(args.dir, seed=args.seed))
+    else:
+        print(make_tiny_model_dir(args.dir, seed=args.seed, arch="qwen3" if args.family == "qwen3" else "qwen2"))
 
 
 if __name__ == "__main__":

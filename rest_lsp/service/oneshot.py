@@ -88,6 +88,7 @@ def run_complete(path: Path, line: int, column: int, *, settings: dict, workspac
     out = {
         "path": str(path), "line": line + 1, "column": column + 1, "mode": rec.get("mode"),
         "model": service.worker.backend.name,
+        "verifier": service.worker.backend.describe()["verifier"],   # which forward verified the drafts
         "completion": resp.items[0].text if resp.items else "",
         "alternatives": [i.text for i in resp.items[1:]],
         "figures": {"tokens": f.get("tokens", 0), "steps": f.get("steps", 0),

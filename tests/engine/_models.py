@@ -25,6 +25,14 @@ def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: i
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen3":  # per-head q/k norms (random weights, so that one left out shows), no q/k/v bias
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

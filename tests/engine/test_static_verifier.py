@@ -67,6 +67,13 @@ def test_rest_through_it_is_plain_decoding_through_it(kind, dtype):
     assert r2.reused_tokens > len(prompt) and r2.tokens == want[10:30]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen3_through_it_batch_invariant_and_exact(dtype):
+    # Qwen3's per-head q/k norms (the `kind` fixture's two architectures have none)
+    test_a_rows_logits_do_not_depend_on_its_batch("qwen3", dtype, 3)
+    test_rest_through_it_is_plain_decoding_through_it("qwen3", dtype)
+
+
 def test_state_export_import_rows_and_limits():
     model = tiny_model("llama", 2)
     prompt = random_prompt(2, 12)

@@ -26,6 +26,14 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float3
     torch.manual_seed(seed)
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "qwen3":  # per-head q/k norms, an explicit head width, no q/k/v bias
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
+        with torch.no_grad():  # random norm weights (they start at 1), so that a norm left out shows
+            for layer in model.model.layers:
+                for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                    norm.weight.uniform_(0.5, 1.5)
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
     return model.to(dtype).eval()
@@ -91,7 +99,7 @@ def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None =
     return out[:n], steps
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
     model = tiny(kind)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=128)
@@ -120,7 +128,8 @@ def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
                                hf.forward(t, torch.arange(4), chain_mask(4)), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen2", 1), ("qwen2", 2), ("llama", 3), ("llama", 4)])
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen2", 1), ("qwen2", 2), ("qwen3", 5), ("qwen3", 6),
+                                       ("llama", 3), ("llama", 4)])
 def test_tree_speculation_emits_plain_greedy(kind, seed):
     model = tiny(kind, seed)
     fast = FastVerifier(model, max_len=256)
@@ -135,7 +144,7 @@ def test_tree_speculation_emits_plain_greedy(kind, seed):
     assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_a_row_has_the_same_logits_alone_and_among_other_rows(kind):
     """What exact tree speculation rests on: a row's logits do not depend on the rows verified with it. fp32
     attention is not row-invariant on every CPU (an AVX2-only EPYC's was not, in the count of rows nor in the
@@ -262,7 +271,7 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
         make_verifier(int8, "packed")
 
 
-@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("llama", 3)])
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3)])
 def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
     """Per-row int8 (rest_lsp/model/int8row.py), eager (transformers' forward over the replaced modules) and fast verifiers: plain decoding equal, and
     tree speculation equal to plain decoding on each."""
