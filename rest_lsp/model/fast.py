@@ -43,7 +43,7 @@ from rest_lsp.engine.verifier import SlotCache
 from .int8row import Int8RowLinear, is_int8
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama")
+SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "mistral")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -77,7 +77,8 @@ def _check_supported(model: Any) -> None:
     arch = getattr(cfg, "model_type", None)
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"fast verifier: architecture {arch!r} not supported (only {SUPPORTED_ARCHS})")
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+    # Mistral has no switch: its window applies whenever it is set (v0.1: 4096; later versions: none)
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", arch == "mistral"):
         raise UnsupportedModel("fast verifier: sliding-window attention is not supported")
     params = list(model.parameters())
     if not params or any(p.device.type != "cpu" for p in params):

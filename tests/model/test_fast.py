@@ -34,6 +34,10 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float3
             for layer in model.model.layers:
                 for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                     norm.weight.uniform_(0.5, 1.5)
+    elif kind == "mistral":  # Llama's layout without biases; the sliding window off (Mistral v0.2 on)
+        from transformers import MistralConfig, MistralForCausalLM
+
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
     return model.to(dtype).eval()
@@ -99,7 +103,7 @@ def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None =
     return out[:n], steps
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
 def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
     model = tiny(kind)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=128)
@@ -129,7 +133,7 @@ def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
 
 
 @pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen2", 1), ("qwen2", 2), ("qwen3", 5), ("qwen3", 6),
-                                       ("llama", 3), ("llama", 4)])
+                                       ("llama", 3), ("llama", 4), ("mistral", 7)])
 def test_tree_speculation_emits_plain_greedy(kind, seed):
     model = tiny(kind, seed)
     fast = FastVerifier(model, max_len=256)
@@ -262,6 +266,12 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
     assert isinstance(make_verifier(gpt2, "auto"), HFVerifier)
     with pytest.raises(UnsupportedModel, match="gpt2"):
         make_verifier(gpt2, "packed")
+    windowed = tiny("mistral")
+    windowed.config.sliding_window = 16  # Mistral v0.1's window (no use_sliding_window switch): not this path
+    with pytest.raises(UnsupportedModel, match="sliding-window"):
+        make_verifier(windowed, "packed")
+    assert isinstance(make_verifier(windowed, "auto"), HFVerifier)
+    assert isinstance(make_verifier(tiny("mistral"), "auto"), FastVerifier)
     assert isinstance(make_verifier(tiny(), "auto"), FastVerifier)
     from torch.ao.quantization import quantize_dynamic
 
