@@ -27,9 +27,21 @@ out_abs=$(cd "$out" && pwd)
 export REST_LSP_CACHE="${REST_LSP_CACHE:-$out_abs/cache}"   # the tiny models' c(q) calibrations
 replay=${REPLAY:-benchmarks/replay-humaneval-cpu.json}
 
-if ! "$py" -c "import torch, transformers, tokenizers, numpy, pydivsufsort, msgpack, safetensors" 2>"$out/imports.err"; then
+wheels=${WHEELS:-.whl}
+if [ "$mode" = gpu ] && compgen -G "$wheels/*.whl" >/dev/null; then
+    # a machine without network: the packages its image lacks, carried as wheels (benchmarks/device_wheels.sh)
+    site=$(mktemp -d)
+    if ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl; then
+        echo "gpu_check.sh: installing the wheels in $wheels failed (made for another Python?)" >&2
+        exit 2
+    fi
+    export PYTHONPATH="$PYTHONPATH:$site"
+fi
+if ! "$py" -c "import torch, transformers, tokenizers, numpy, numba, pydivsufsort, msgpack, safetensors, platformdirs" \
+        2>"$out/imports.err"; then
     echo "gpu_check.sh: $py lacks a package this check needs:" >&2; tail -3 "$out/imports.err" >&2
-    echo "  install the project first (TORCH_SPEC=torch bash scripts/install.sh on a CUDA machine)" >&2
+    echo "  install the project first (TORCH_SPEC=torch bash scripts/install.sh on a CUDA machine), or, on a machine" \
+         "without network, carry the wheels of benchmarks/device_wheels.sh in .whl/" >&2
     exit 2
 fi
 if [ "$mode" = gpu ]; then
