@@ -41,9 +41,10 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear, is_int8
+from .static import attention_window
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "mistral")
+SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "mistral", "starcoder2")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -77,9 +78,6 @@ def _check_supported(model: Any) -> None:
     arch = getattr(cfg, "model_type", None)
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"fast verifier: architecture {arch!r} not supported (only {SUPPORTED_ARCHS})")
-    # Mistral has no switch: its window applies whenever it is set (v0.1: 4096; later versions: none)
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", arch == "mistral"):
-        raise UnsupportedModel("fast verifier: sliding-window attention is not supported")
     params = list(model.parameters())
     if not params or any(p.device.type != "cpu" for p in params):
         raise UnsupportedModel("fast verifier: CPU models only")
@@ -91,7 +89,11 @@ def _check_supported(model: Any) -> None:
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
     linears = [getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    mlp_names = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("c_fc", "c_proj")
+    linears += [getattr(mlp, n, None) for n in mlp_names]
+    norms = [model.model.norm, model.model.layers[0].input_layernorm, model.model.layers[0].post_attention_layernorm]
+    if not all(isinstance(n, torch.nn.LayerNorm) or hasattr(n, "variance_epsilon") for n in norms):
+        raise UnsupportedModel("fast verifier: norms must be RMSNorm (Llama-style) or LayerNorm")
     linears.append(model.get_output_embeddings())
     if not all(isinstance(m, (torch.nn.Linear, Int8RowLinear)) for m in linears):
         raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an Int8RowLinear "
@@ -132,30 +134,58 @@ def _cat_bias(*mods) -> torch.Tensor | None:
                       for b, m in zip(biases, mods)])
 
 
+class Norm(torch.nn.Module):
+    """A norm as transformers computes it: RMSNorm (Llama, Qwen, Mistral) or LayerNorm with its bias
+    (StarCoder2), with the module's own epsilon."""
+
+    def __init__(self, hf_norm: torch.nn.Module):
+        super().__init__()
+        self.layer = isinstance(hf_norm, torch.nn.LayerNorm)
+        self.eps = float(hf_norm.eps if self.layer else hf_norm.variance_epsilon)
+        self.weight = hf_norm.weight.detach()
+        bias = getattr(hf_norm, "bias", None) if self.layer else None
+        self.bias = bias.detach() if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
+        if self.layer:
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
 class Layer(torch.nn.Module):
+    """One decoder layer's weights: fused q/k/v, the output projection, the MLP's input (gate and up fused for
+    a gated MLP; StarCoder2's c_fc) and output projections, the norms, and the model's own activation."""
+
     def __init__(self, hf_layer: Any, packed: bool, min_rows: int):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
+        self.in_norm, self.post_norm = Norm(hf_layer.input_layernorm), Norm(hf_layer.post_attention_layernorm)
         # Qwen3: per-head RMSNorm of the queries and keys (None elsewhere)
-        self.q_norm = a.q_norm.weight.detach() if hasattr(a, "q_norm") else None
-        self.k_norm = a.k_norm.weight.detach() if hasattr(a, "k_norm") else None
+        self.q_norm = Norm(a.q_norm) if hasattr(a, "q_norm") else None
+        self.k_norm = Norm(a.k_norm) if hasattr(a, "k_norm") else None
+        self.gated = hasattr(m, "gate_proj")  # act(gate) * up (Llama, Qwen, Mistral), or act(c_fc) (StarCoder2)
+        self.act = m.act_fn if self.gated else m.act
+        mlp_in = (m.gate_proj, m.up_proj) if self.gated else (m.c_fc,)
+        mlp_out = m.down_proj if self.gated else m.c_proj
         if isinstance(a.q_proj, Int8RowLinear):
             # int8: the model's own modules (no float weights to pack); int8 products need no row padding
             self.qkv: torch.nn.Module = Int8RowLinear.fuse(a.q_proj, a.k_proj, a.v_proj)
             self.o: torch.nn.Module = a.o_proj
-            self.gate_up: torch.nn.Module = Int8RowLinear.fuse(m.gate_proj, m.up_proj)
-            self.down: torch.nn.Module = m.down_proj
-            self.in_norm = hf_layer.input_layernorm.weight.detach()
-            self.post_norm = hf_layer.post_attention_layernorm.weight.detach()
+            self.mlp_in: torch.nn.Module = Int8RowLinear.fuse(*mlp_in) if self.gated else mlp_in[0]
+            self.down: torch.nn.Module = mlp_out
             return
         self.qkv = Dense(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                          _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed, min_rows)
         self.o = Dense(a.o_proj.weight, a.o_proj.bias, packed, min_rows)
-        self.gate_up = Dense(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                             _cat_bias(m.gate_proj, m.up_proj), packed, min_rows)
-        self.down = Dense(m.down_proj.weight, m.down_proj.bias, packed, min_rows)
-        self.in_norm = hf_layer.input_layernorm.weight.detach()
-        self.post_norm = hf_layer.post_attention_layernorm.weight.detach()
+        self.mlp_in = Dense(torch.cat([p.weight for p in mlp_in]), _cat_bias(*mlp_in), packed, min_rows)
+        self.down = Dense(mlp_out.weight, mlp_out.bias, packed, min_rows)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:  # x [q, D] (normalised) -> [q, D]
+        h = self.mlp_in(x)  # [q, 2 I] gated, [q, I] otherwise
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
+        return self.down(self.act(h))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -281,13 +311,12 @@ class StaticLM(torch.nn.Module):
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.eps = float(cfg.rms_norm_eps)
         self.max_len = max_len
         self.dtype = model.model.embed_tokens.weight.dtype
         self.attention_dtype = None if sdpa_row_invariant() else torch.float64  # exact tree rows
         self.embed = model.model.embed_tokens.weight.detach()  # shared with the HF model, no copy
         self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
-        self.norm = model.model.norm.weight.detach()
+        self.norm = Norm(model.model.norm)
         head = model.get_output_embeddings()
         if isinstance(head, Int8RowLinear):
             self.head: torch.nn.Module = head  # exact logits at int8 precision
@@ -315,22 +344,20 @@ class StaticLM(torch.nn.Module):
         x = F.embedding(tokens, self.embed)  # [q, D]
         cos, sin = self.cos[positions], self.sin[positions]  # [q, hd]
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(rms_norm(x, layer.in_norm, self.eps))  # [q, (nh + 2 nkv) hd]
+            qkv = layer.qkv(layer.in_norm(x))  # [q, (nh + 2 nkv) hd]
             qh = qkv[:, : nh * hd].view(q, nh, hd)  # [q, nh, hd]
             kh = qkv[:, nh * hd : (nh + nkv) * hd].view(q, nkv, hd)  # [q, nkv, hd]
             vh = qkv[:, (nh + nkv) * hd :].view(q, nkv, hd).transpose(0, 1)  # [nkv, q, hd]
             if layer.q_norm is not None:
-                qh, kh = rms_norm(qh, layer.q_norm, self.eps), rms_norm(kh, layer.k_norm, self.eps)
+                qh, kh = layer.q_norm(qh), layer.k_norm(kh)
             qh, kh = rope(qh.transpose(0, 1), cos, sin), rope(kh.transpose(0, 1), cos, sin)
             kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)
             att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, self.attention_dtype)  # [nh, q, hd]
             x = x + layer.o(att.transpose(0, 1).reshape(q, nh * hd))
-            h = layer.gate_up(rms_norm(x, layer.post_norm, self.eps))  # [q, 2 I]
-            gate, up = h.chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-        return rms_norm(x, self.norm, self.eps)
+            x = x + layer.mlp(layer.post_norm(x))
+        return self.norm(x)
 
     def forward(self, tokens, positions, slots, mask, cache) -> torch.Tensor:
         return self.head(self.hidden(tokens, positions, slots, mask, cache)).float()  # [q, V]
@@ -351,6 +378,9 @@ class FastVerifier(SlotCache):
         max_pos = getattr(model.config, "max_position_embeddings", None)
         if max_pos:
             max_len = min(max_len, int(max_pos))
+        window = attention_window(model.config)
+        if window:
+            max_len = min(max_len, window)  # within the window a sliding window is full attention
         self.max_len = max_len
         self.max_positions = max_pos
         if screen and compiled:

@@ -33,11 +33,21 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "starcoder2")
 
 
 class UnsupportedModel(ValueError):
     """This verifier cannot run the model (architecture, precision); the message says why."""
+
+
+def attention_window(cfg: Any) -> int | None:
+    """The sliding window of the model's attention, or None for full attention. A query at position p sees
+    the keys at p - window + 1 .. p, so a cache of at most `window` positions is full attention, exactly: the
+    verifiers cap their cache there (Mistral v0.1, StarCoder2: 4,096)."""
+    window = getattr(cfg, "sliding_window", None)
+    # Mistral and StarCoder2 have no switch: their window applies whenever it is set; Qwen2/3 have one
+    on = getattr(cfg, "use_sliding_window", getattr(cfg, "model_type", None) in ("mistral", "starcoder2"))
+    return int(window) if window and on else None
 
 
 def check_supported(model: Any) -> None:
@@ -45,22 +55,23 @@ def check_supported(model: Any) -> None:
     arch = getattr(cfg, "model_type", None)
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"static verifier: architecture {arch!r} not supported (only {SUPPORTED_ARCHS})")
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", arch == "mistral"):
-        raise UnsupportedModel("static verifier: sliding-window attention is not supported")
     params = list(model.parameters())
     if not params or any(p.dtype not in (torch.float32, torch.bfloat16, torch.float16) for p in params):
         raise UnsupportedModel("static verifier: float weights only")
     layer = model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    mods += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    mods += [getattr(mlp, n, None) for n in (("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj")
+                                             else ("c_fc", "c_proj"))]
     if not all(isinstance(m, torch.nn.Linear) for m in mods):
         raise UnsupportedModel("static verifier: every projection must be an nn.Linear")
     if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
         raise UnsupportedModel("static verifier: a per-head norm of the queries or of the keys alone")
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    if isinstance(norm, torch.nn.LayerNorm):  # StarCoder2
+        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
     # as transformers' LlamaRMSNorm / Qwen2RMSNorm / Qwen3RMSNorm: normalise in fp32, scale in the weight's dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
@@ -93,6 +104,9 @@ class StaticVerifier(SlotCache):
         self.rows = int(rows or (64 if self.device.type == "cuda" else 8))
         max_pos = getattr(cfg, "max_position_embeddings", None)
         self.max_len = min(max_len, int(max_pos)) if max_pos else max_len   # the engine reads it
+        window = attention_window(cfg)
+        if window:
+            self.max_len = min(self.max_len, window)   # within the window a sliding window is full attention
         self.capacity = self.max_len + self.rows   # padding rows of the last piece write past max_len
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
@@ -129,10 +143,10 @@ class StaticVerifier(SlotCache):
         cos, sin = self.cos[positions], self.sin[positions]
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
-            h = _rms_norm(x, layer.input_layernorm)
+            h = _norm(x, layer.input_layernorm)
             q, k = a.q_proj(h).view(r, nh, hd), a.k_proj(h).view(r, nkv, hd)
             if hasattr(a, "q_norm"):   # Qwen3: each head's query and key RMS-normalised before the rotary
-                q, k = _rms_norm(q, a.q_norm), _rms_norm(k, a.k_norm)
+                q, k = _norm(q, a.q_norm), _norm(k, a.k_norm)
             q = _rope(q.transpose(0, 1), cos, sin)   # [nh, R, hd]
             k = _rope(k.transpose(0, 1), cos, sin)
             v = a.v_proj(h).view(r, nkv, hd).transpose(0, 1)
@@ -144,10 +158,13 @@ class StaticVerifier(SlotCache):
                 q.to(up)[None], kv[0, :, :span].to(up)[None], kv[1, :, :span].to(up)[None], attn_mask=mask,
                 scale=self.scale, enable_gqa=nkv != nh)   # [1, nh, R, hd]
             x = x + a.o_proj(att[0].transpose(0, 1).reshape(r, nh * hd).to(x.dtype))
-            h = _rms_norm(x, layer.post_attention_layernorm)
+            h = _norm(x, layer.post_attention_layernorm)
             mlp = layer.mlp
-            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return self.model.get_output_embeddings()(_rms_norm(x, m.norm)).float()
+            if hasattr(mlp, "gate_proj"):
+                x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+            else:   # StarCoder2
+                x = x + mlp.c_proj(mlp.act(mlp.c_fc(h)))
+        return self.model.get_output_embeddings()(_norm(x, m.norm)).float()
 
     def _span(self, end: int) -> int:
         return min(self.capacity, math.ceil(end / self.span_step) * self.span_step)

@@ -115,19 +115,17 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     """make_verifier_or_eager: auto falls back to eager where the fast verifier cannot run the model, an
     explicit kind fails instead; each kind gets its own c(q) cache key."""
     import torch
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from rest_lsp.engine.cost import cost_key
     from rest_lsp.model.fast import UnsupportedModel, bf16_packing_available
     from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 
     torch.manual_seed(0)
-    windowed = MistralForCausalLM(MistralConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=32)).eval()
-    assert verifier_kind(make_verifier_or_eager(windowed, "auto")) == "eager"
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert verifier_kind(make_verifier_or_eager(gpt2, "auto")) == "eager"
     with pytest.raises(UnsupportedModel, match="architecture"):
-        make_verifier_or_eager(windowed, "packed")
+        make_verifier_or_eager(gpt2, "packed")
     with pytest.raises(ValueError, match="verifier kind"):
         make_verifier_or_eager(tiny_lm, "fastest")
     kinds = ("eager", "packed", "screened") if bf16_packing_available() else ("eager", "packed")

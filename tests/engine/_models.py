@@ -33,6 +33,15 @@ def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: i
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif kind == "starcoder2":  # LayerNorm with biases (random, so that one left out shows), a GELU MLP
+        from transformers import Starcoder2Config, Starcoder2ForCausalLM
+
+        model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0, eos_token_id=0))
+        with torch.no_grad():
+            for norm in [model.model.norm] + [n for l in model.model.layers
+                                              for n in (l.input_layernorm, l.post_attention_layernorm)]:
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

@@ -68,10 +68,11 @@ def test_rest_through_it_is_plain_decoding_through_it(kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qwen3_through_it_batch_invariant_and_exact(dtype):
-    # Qwen3's per-head q/k norms (the `kind` fixture's two architectures have none)
-    test_a_rows_logits_do_not_depend_on_its_batch("qwen3", dtype, 3)
-    test_rest_through_it_is_plain_decoding_through_it("qwen3", dtype)
+@pytest.mark.parametrize("arch", ["qwen3", "starcoder2"])
+def test_other_architectures_through_it_batch_invariant_and_exact(arch, dtype):
+    # Qwen3's per-head q/k norms, StarCoder2's LayerNorm and GELU MLP (the `kind` fixture's two have neither)
+    test_a_rows_logits_do_not_depend_on_its_batch(arch, dtype, 3)
+    test_rest_through_it_is_plain_decoding_through_it(arch, dtype)
 
 
 def test_state_export_import_rows_and_limits():

@@ -38,6 +38,16 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float3
         from transformers import MistralConfig, MistralForCausalLM
 
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+    elif kind == "starcoder2":  # LayerNorm with biases, a GELU MLP (c_fc, c_proj), biases everywhere
+        from transformers import Starcoder2Config, Starcoder2ForCausalLM
+
+        model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0,
+                                                       eos_token_id=0))
+        with torch.no_grad():  # LayerNorm starts at weight 1, bias 0: random, so that a bias left out shows
+            for norm in [model.model.norm] + [n for l in model.model.layers
+                                              for n in (l.input_layernorm, l.post_attention_layernorm)]:
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
     return model.to(dtype).eval()
@@ -103,7 +113,7 @@ def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None =
     return out[:n], steps
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral", "starcoder2"])
 def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
     model = tiny(kind)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=128)
@@ -133,7 +143,8 @@ def test_logits_match_transformers_through_tree_keep_and_truncate(kind):
 
 
 @pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen2", 1), ("qwen2", 2), ("qwen3", 5), ("qwen3", 6),
-                                       ("llama", 3), ("llama", 4), ("mistral", 7)])
+                                       ("llama", 3), ("llama", 4), ("mistral", 7), ("starcoder2", 8),
+                                       ("starcoder2", 9)])
 def test_tree_speculation_emits_plain_greedy(kind, seed):
     model = tiny(kind, seed)
     fast = FastVerifier(model, max_len=256)
@@ -148,7 +159,7 @@ def test_tree_speculation_emits_plain_greedy(kind, seed):
     assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "starcoder2"])
 def test_a_row_has_the_same_logits_alone_and_among_other_rows(kind):
     """What exact tree speculation rests on: a row's logits do not depend on the rows verified with it. fp32
     attention is not row-invariant on every CPU (an AVX2-only EPYC's was not, in the count of rows nor in the
@@ -167,6 +178,30 @@ def test_a_row_has_the_same_logits_alone_and_among_other_rows(kind):
         mask = torch.eye(q, dtype=torch.bool)
         mask[:, 0] = True
         assert torch.equal(fast.forward(rows, depths, mask)[0], alone), q
+
+
+@pytest.mark.parametrize("kind", ["mistral", "starcoder2"])
+def test_a_sliding_window_caps_the_cache_where_it_is_full_attention(kind):
+    # Mistral v0.1 and StarCoder2 apply their window whenever it is set (no use_sliding_window switch)
+    from rest_lsp.model.static import StaticVerifier, attention_window
+
+    model = tiny(kind, 4)
+    model.config.sliding_window = 24
+    assert attention_window(model.config) == 24 and attention_window(tiny("qwen2").config) is None
+    fast = FastVerifier(model, max_len=128)
+    assert fast.max_len == 24 and StaticVerifier(model).max_len == 24
+    x = prompt(4, 30)
+    with torch.no_grad():  # the window matters past it: transformers' last row differs from full attention
+        windowed = model(x[None]).logits[0, -1]
+        model.config.sliding_window = None
+        full = model(x[None]).logits[0, -1]
+        model.config.sliding_window = 24
+    assert not torch.allclose(windowed, full, atol=1e-3)
+    with torch.no_grad():  # inside the window: transformers' windowed forward, no cache
+        want = model(x[None, :24]).logits[0]
+    torch.testing.assert_close(fast.forward(x[:24], torch.arange(24), chain_mask(24)), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="cache holds 24"):
+        fast.forward(x[24:], torch.arange(6), chain_mask(6))
 
 
 def test_rows_limits_logits_to_the_requested_rows():
@@ -266,12 +301,8 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
     assert isinstance(make_verifier(gpt2, "auto"), HFVerifier)
     with pytest.raises(UnsupportedModel, match="gpt2"):
         make_verifier(gpt2, "packed")
-    windowed = tiny("mistral")
-    windowed.config.sliding_window = 16  # Mistral v0.1's window (no use_sliding_window switch): not this path
-    with pytest.raises(UnsupportedModel, match="sliding-window"):
-        make_verifier(windowed, "packed")
-    assert isinstance(make_verifier(windowed, "auto"), HFVerifier)
     assert isinstance(make_verifier(tiny("mistral"), "auto"), FastVerifier)
+    assert isinstance(make_verifier(tiny("starcoder2"), "auto"), FastVerifier)
     assert isinstance(make_verifier(tiny(), "auto"), FastVerifier)
     from torch.ao.quantization import quantize_dynamic
 
@@ -281,7 +312,7 @@ def test_auto_falls_back_to_transformers_for_unsupported_models():
         make_verifier(int8, "packed")
 
 
-@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3)])
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3), ("starcoder2", 9)])
 def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
     """Per-row int8 (rest_lsp/model/int8row.py), eager (transformers' forward over the replaced modules) and fast verifiers: plain decoding equal, and
     tree speculation equal to plain decoding on each."""
@@ -290,7 +321,7 @@ def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
     from rest_lsp.model.int8row import Int8RowLinear, quantize_model
 
     model = quantize_model(copy.deepcopy(tiny(kind, seed)))
-    assert isinstance(model.model.layers[0].mlp.down_proj, Int8RowLinear)
+    assert all(isinstance(m, Int8RowLinear) for m in model.model.layers[0].modules() if "Linear" in type(m).__name__)
     assert isinstance(model.get_output_embeddings(), Int8RowLinear)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=256)
     x = prompt(seed, 9)
