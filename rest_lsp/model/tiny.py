@@ -69,6 +69,25 @@ def tiny_config(vocab_size: int, *, layers: int = 2, hidden: int = 64, arch: str
     return Qwen2Config(**common)
 
 
+def randomize_norms(model) -> None:
+    """Random weights for the norms a fresh model starts at 1 (LayerNorm biases at 0): StarCoder2's LayerNorms,
+    Qwen3's per-head q/k norms (RMSNorms elsewhere stay as they are). A verifier that skipped or mis-scaled one
+    would then show in the tests."""
+    import torch
+
+    layers = model.model.layers
+    with torch.no_grad():
+        for norm in [model.model.norm] + [n for l in layers for n in (l.input_layernorm, l.post_attention_layernorm)]:
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.weight.uniform_(0.5, 1.5)
+                if norm.bias is not None:
+                    norm.bias.uniform_(-0.5, 0.5)
+        for layer in layers:
+            for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None)):
+                if norm is not None:
+                    norm.weight.uniform_(0.5, 1.5)
+
+
 def make_tiny_model_dir(path: str | Path, *, seed: int = 0, vocab_size: int = 512, arch: str = "qwen2") -> Path:
     """Write a loadable model directory (config, safetensors weights, tokenizer) and return its path."""
     import torch
@@ -81,10 +100,7 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, vocab_size: int = 51
     cls = Qwen3ForCausalLM if arch == "qwen3" else Qwen2ForCausalLM
     model = cls(tiny_config(len(tokenizer), arch=arch)).eval()
     if arch == "qwen3":
-        with torch.no_grad():  # random q/k norm weights (they start at 1): a verifier that skipped them would show
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        randomize_norms(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -6,6 +6,7 @@ import functools
 import torch
 
 from rest_lsp.engine.sources import DraftSource
+from rest_lsp.model.tiny import randomize_norms
 
 VOCAB = 64
 
@@ -29,19 +30,12 @@ def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: i
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        randomize_norms(model)
     elif kind == "starcoder2":  # LayerNorm with biases (random, so that one left out shows), a GELU MLP
         from transformers import Starcoder2Config, Starcoder2ForCausalLM
 
         model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0, eos_token_id=0))
-        with torch.no_grad():
-            for norm in [model.model.norm] + [n for l in model.model.layers
-                                              for n in (l.input_layernorm, l.post_attention_layernorm)]:
-                norm.weight.uniform_(0.5, 1.5)
-                norm.bias.uniform_(-0.5, 0.5)
+        randomize_norms(model)
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

@@ -12,6 +12,7 @@ from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
                                  sdpa_row_invariant)
+from rest_lsp.model.tiny import randomize_norms
 
 VOCAB = 96
 
@@ -30,10 +31,7 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float3
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
-        with torch.no_grad():  # random norm weights (they start at 1), so that a norm left out shows
-            for layer in model.model.layers:
-                for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
-                    norm.weight.uniform_(0.5, 1.5)
+        randomize_norms(model)
     elif kind == "mistral":  # Llama's layout without biases; the sliding window off (Mistral v0.2 on)
         from transformers import MistralConfig, MistralForCausalLM
 
@@ -43,11 +41,7 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float3
 
         model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0,
                                                        eos_token_id=0))
-        with torch.no_grad():  # LayerNorm starts at weight 1, bias 0: random, so that a bias left out shows
-            for norm in [model.model.norm] + [n for l in model.model.layers
-                                              for n in (l.input_layernorm, l.post_attention_layernorm)]:
-                norm.weight.uniform_(0.5, 1.5)
-                norm.bias.uniform_(-0.5, 0.5)
+        randomize_norms(model)
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
     return model.to(dtype).eval()
