@@ -240,6 +240,21 @@ def sdpa_row_invariant() -> bool:
     return True
 
 
+@functools.cache
+def eager_row_invariant(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether transformers' own forward (`eager`, HFVerifier: the fallback for architectures the fast paths do
+    not run) gives a row the same bits alone and among other rows on this CPU: its attention (as
+    `sdpa_row_invariant`) and its products (F.linear with 1-33 rows against 40). Where it does not (an AVX2-only
+    EPYC: all six tiny test models' root rows differed, docs/cpu.md), REST through it can part from plain
+    decoding at a near tie; the daemon says so (`ModelLimits.exact_trees`)."""
+    if not sdpa_row_invariant():
+        return False
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(40, 512, generator=g).to(dtype), torch.randn(1024, 512, generator=g).to(dtype)
+    full = F.linear(x, w)
+    return all(torch.equal(F.linear(x[:m], w), full[:m]) for m in (1, 2, 3, 4, 5, 8, 13, 33))
+
+
 def cpu_has_bf16() -> bool:
     """Native bf16 dot products (AVX512-BF16 or AMX): where a bf16 product costs half an fp32 one."""
     try:

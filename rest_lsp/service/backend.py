@@ -203,7 +203,16 @@ class EngineBackend:
     def limits(self) -> ModelLimits:
         context = self.engine.max_positions or self.loaded.context_length
         return ModelLimits(context=int(context) if context else None, tree_reserve=self.engine.tree_reserve,
-                           fim=self.loaded.fim is not None)
+                           fim=self.loaded.fim is not None, exact_trees=self.exact_trees())
+
+    def exact_trees(self) -> bool:
+        """Whether a draft tree's rows round as plain decoding's single row does (the fast and static verifiers
+        make sure of it; transformers' forward on a CPU only where its kernels do)."""
+        if self.verifier_kind != "eager" or self.loaded.device.type != "cpu":
+            return True
+        from rest_lsp.model.fast import eager_row_invariant
+
+        return eager_row_invariant(next(self.loaded.model.parameters()).dtype)
 
     def reset_kv_cache(self) -> None:
         """Start the next run from an empty KV cache (fair timing in `complete --compare`)."""

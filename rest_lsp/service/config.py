@@ -112,6 +112,7 @@ class ModelLimits:
     context: int | None          # positions the engine holds: prompt + completion + one draft tree
     tree_reserve: int = 0        # positions the engine keeps free for the last step's draft tree
     fim: bool = True             # the model has a fill-in-the-middle prompt format
+    exact_trees: bool = True     # its verifier gives a row the same bits alone and in a tree (rest_lsp/model/fast.py)
 
 
 MIN_PROMPT_TOKENS = 256      # the least prompt a completion is worth making from
@@ -134,6 +135,11 @@ def check_against_model(config: ServerConfig, limits: ModelLimits) -> tuple[Serv
             if v is not None and v > limits.context * CHARS_PER_TOKEN:
                 problems.append(f"{_camel(name)} {v} is more than the model's {limits.context}-token context can "
                                 "hold; prompts are cut to fit it")
+    if not limits.exact_trees and config.draft_budget != 0:
+        problems.append("this model runs through transformers' own forward, which this CPU computes with other "
+                        "rounding for a row alone than among others: REST's output can differ from plain decoding "
+                        "where two tokens nearly tie (draftBudget 0 decodes plainly; fp32 Qwen2/Qwen3/Llama/Mistral/"
+                        "StarCoder2 models run the exact fast path)")
     if not limits.fim and config.max_suffix_chars:
         problems.append("the model has no fill-in-the-middle format: maxSuffixChars does not apply (the prompt is "
                         "the text before the cursor)")

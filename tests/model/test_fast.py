@@ -198,6 +198,30 @@ def test_a_sliding_window_caps_the_cache_where_it_is_full_attention(kind):
         fast.forward(x[24:], torch.arange(6), chain_mask(6))
 
 
+def test_the_eager_forward_is_row_invariant_only_where_attention_and_products_are():
+    from rest_lsp.model.fast import eager_row_invariant
+
+    if not sdpa_row_invariant():  # an AVX2-only CPU: transformers' forward cannot verify trees exactly
+        assert eager_row_invariant() is False
+        return
+    # where it says so, a tiny model's root row has the same logits alone and among other rows through it
+    if not eager_row_invariant():
+        return
+    model = tiny("qwen2", 3)
+    hf = HFVerifier(model)
+    x = prompt(3, 40)
+    hf.forward(x, torch.arange(40), chain_mask(40))
+    alone = hf.forward(x[:1], torch.zeros(1, dtype=torch.long), chain_mask(1))[0]
+    invariant = True
+    for q in (2, 5, 13):
+        hf.truncate(40)
+        mask = torch.eye(q, dtype=torch.bool)
+        mask[:, 0] = True
+        rows = torch.cat([x[:1], prompt(q, q - 1)])
+        invariant &= torch.equal(hf.forward(rows, torch.tensor([0] + [1] * (q - 1)), mask)[0], alone)
+    assert invariant   # what it claims exact is exact
+
+
 def test_rows_limits_logits_to_the_requested_rows():
     model = tiny()
     a, b = FastVerifier(model, max_len=64), FastVerifier(model, max_len=64)

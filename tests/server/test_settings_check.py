@@ -31,7 +31,17 @@ def test_windows_against_the_prompt_format():
     assert problems == []
 
 
-def test_an_engine_backend_states_its_limits(tmp_path):
+def test_a_verifier_that_rounds_tree_rows_otherwise_is_said():
+    # transformers' own forward on a CPU whose kernels round a row differently among others (AVX2-only)
+    _, problems = check_against_model(ServerConfig(), ModelLimits(context=2048, exact_trees=False))
+    assert len(problems) == 1 and "can differ from plain decoding" in problems[0] and "draftBudget 0" in problems[0]
+    _, problems = check_against_model(ServerConfig(draft_budget=0), ModelLimits(context=2048, exact_trees=False))
+    assert problems == []   # plain decoding verifies no trees
+    _, problems = check_against_model(ServerConfig(), ModelLimits(context=2048))
+    assert problems == []
+
+
+def test_an_engine_backend_states_its_limits(tmp_path, monkeypatch):
     from rest_lsp.model.host import load_model
     from rest_lsp.model.tiny import make_tiny_model_dir
     from rest_lsp.service.backend import EngineBackend
@@ -42,6 +52,14 @@ def test_an_engine_backend_states_its_limits(tmp_path):
     limits = backend.limits()
     assert limits.fim and limits.context == backend.engine.max_positions
     assert limits.tree_reserve == backend.engine.drafter.draft_len + backend.engine.drafter.max_draft_nodes + 1
+    assert backend.verifier_kind != "eager" and limits.exact_trees   # the fast path: rows round alike
+    # where transformers' forward verifies (an architecture the fast paths do not run), it depends on the CPU
+    import rest_lsp.model.fast as fast
+
+    backend.verifier_kind = "eager"
+    for invariant in (False, True):
+        monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype, v=invariant: v)
+        assert backend.limits().exact_trees is invariant
 
 
 class Backend:
