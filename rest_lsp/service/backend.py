@@ -80,6 +80,7 @@ class EngineBackend:
         # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
         # plain run the same forward and share the reuse of the prompt's prefix
         self.engine = Engine(loaded, sources, verifier=verifier, kv_pool_bytes=kv_pool_bytes)
+        self.trees_exact = self.exact_trees()
         self.precision_choice: dict | None = None  # what `precision: auto` measured on this CPU
         self.config_seen: ServerConfig | None = None
 
@@ -170,7 +171,8 @@ class EngineBackend:
         lines = 1 if ctx.infill_in_line() else config.max_lines
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
-            draft_budget=config.draft_budget,
+            # automatic budget where trees verify exactly; plain decoding where they cannot (exact_trees)
+            draft_budget=config.draft_budget if config.draft_budget is not None or self.trees_exact else 0,
             max_lines=lines,
             stop_text=ctx.stop_text() if lines > 1 else None,
             stop_fn=partial(block_end_cut, block_indent=ctx.ahead_indent()) if lines > 1 else None,
@@ -203,7 +205,7 @@ class EngineBackend:
     def limits(self) -> ModelLimits:
         context = self.engine.max_positions or self.loaded.context_length
         return ModelLimits(context=int(context) if context else None, tree_reserve=self.engine.tree_reserve,
-                           fim=self.loaded.fim is not None, exact_trees=self.exact_trees())
+                           fim=self.loaded.fim is not None, exact_trees=self.trees_exact)
 
     def exact_trees(self) -> bool:
         """Whether a draft tree's rows round as plain decoding's single row does (the fast and static verifiers

@@ -136,10 +136,15 @@ def check_against_model(config: ServerConfig, limits: ModelLimits) -> tuple[Serv
                 problems.append(f"{_camel(name)} {v} is more than the model's {limits.context}-token context can "
                                 "hold; prompts are cut to fit it")
     if not limits.exact_trees and config.draft_budget != 0:
-        problems.append("this model runs through transformers' own forward, which this CPU computes with other "
-                        "rounding for a row alone than among others: REST's output can differ from plain decoding "
-                        "where two tokens nearly tie (draftBudget 0 decodes plainly; fp32 Qwen2/Qwen3/Llama/Mistral/"
-                        "StarCoder2 models run the exact fast path)")
+        why = ("this model runs through transformers' own forward, which this CPU computes with other rounding for "
+               "a row alone than among others")
+        if config.draft_budget is None:
+            problems.append(f"{why}: it decodes plainly, without drafts, to keep the output exact (a draftBudget "
+                            "speculates anyway, and can then differ from plain decoding where two tokens nearly tie; "
+                            "fp32 Qwen2/Qwen3/Llama/Mistral/StarCoder2 models run the exact fast path)")
+        else:
+            problems.append(f"{why}: with draftBudget {config.draft_budget}, REST's output can differ from plain "
+                            "decoding where two tokens nearly tie (draftBudget 0, or unset, decodes plainly)")
     if not limits.fim and config.max_suffix_chars:
         problems.append("the model has no fill-in-the-middle format: maxSuffixChars does not apply (the prompt is "
                         "the text before the cursor)")

@@ -34,7 +34,9 @@ def test_windows_against_the_prompt_format():
 def test_a_verifier_that_rounds_tree_rows_otherwise_is_said():
     # transformers' own forward on a CPU whose kernels round a row differently among others (AVX2-only)
     _, problems = check_against_model(ServerConfig(), ModelLimits(context=2048, exact_trees=False))
-    assert len(problems) == 1 and "can differ from plain decoding" in problems[0] and "draftBudget 0" in problems[0]
+    assert len(problems) == 1 and "decodes plainly" in problems[0]   # the automatic budget: no drafts
+    _, problems = check_against_model(ServerConfig(draft_budget=8), ModelLimits(context=2048, exact_trees=False))
+    assert len(problems) == 1 and "draftBudget 8" in problems[0] and "can differ from plain decoding" in problems[0]
     _, problems = check_against_model(ServerConfig(draft_budget=0), ModelLimits(context=2048, exact_trees=False))
     assert problems == []   # plain decoding verifies no trees
     _, problems = check_against_model(ServerConfig(), ModelLimits(context=2048))
@@ -59,7 +61,18 @@ def test_an_engine_backend_states_its_limits(tmp_path, monkeypatch):
     backend.verifier_kind = "eager"
     for invariant in (False, True):
         monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype, v=invariant: v)
-        assert backend.limits().exact_trees is invariant
+        assert backend.exact_trees() is invariant
+    # where trees are not exact, the automatic budget decodes plainly; an explicit one still drafts
+    from rest_lsp.service.prompt import build_context
+
+    ctx = build_context("def f(x):\n    return x\n\n\ndef g(y):\n    ", 5, 4)
+    for exact, budget, want in ((True, None, None), (False, None, 0), (False, 6, 6), (True, 0, 0)):
+        backend.trees_exact = exact
+        run = backend.start("file:///t.py", ctx, ServerConfig(draft_budget=budget, max_tokens=4))
+        assert run.run.config.draft_budget == want, (exact, budget)
+        backend.stop(run, "cancelled")
+    backend.trees_exact = False
+    assert backend.limits().exact_trees is False   # and so the service states it (check_against_model)
 
 
 class Backend:
