@@ -314,7 +314,7 @@ class ScreenedHead(torch.nn.Module):
 
 
 class StaticLM(torch.nn.Module):
-    """A gpt-fast-style forward of a Qwen2/Qwen3/Llama causal LM over a preallocated KV cache.
+    """A gpt-fast-style forward of a Qwen2/Qwen3/Llama/Mistral/StarCoder2 causal LM over a preallocated KV cache.
 
     Cache [layers, 2 (k, v), kv_heads, max_len, head_dim], passed in (a graph input when compiled). A forward writes its q entries at slots
     `start .. start+q-1` and attends over the first `span` slots under `mask` [q, span]; the eager path

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Iterable
 
 import torch
 
@@ -42,17 +43,21 @@ def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: i
     return model.eval()
 
 
-def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """The reference: recompute the whole sequence every step, no cache, argmax of the last row."""
-    return list(_plain_greedy(model, tuple(prompt), n))
+def plain_greedy(model, prompt: list[int], n: int, stop: Iterable[int] = ()) -> list[int]:
+    """The reference: recompute the whole sequence every step, no cache, argmax of the last row; ends before
+    a token in `stop`."""
+    return list(_plain_greedy(model, tuple(prompt), n, frozenset(stop)))
 
 
 @functools.lru_cache(maxsize=None)
 @torch.no_grad()
-def _plain_greedy(model, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+def _plain_greedy(model, prompt: tuple[int, ...], n: int, stop: frozenset[int]) -> tuple[int, ...]:
     seq = list(prompt)
     for _ in range(n):
-        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+        t = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+        if t in stop:
+            break
+        seq.append(t)
     return tuple(seq[len(prompt):])
 
 

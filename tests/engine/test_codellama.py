@@ -13,6 +13,8 @@ from rest_lsp.engine.sources import DatastoreSource
 from rest_lsp.engine.trie import padded_rows, row_tuples
 from rest_lsp.engine.vocab import clip_rows
 
+from ._models import plain_greedy
+
 PREFIX = 'import json\n\n\ndef load(path):\n    """Read a JSON file."""\n    with open(path) as f:\n        '
 SUFFIX = "\n\n\ndef save(obj, path):\n    pass\n"
 EOT = 32010
@@ -25,17 +27,6 @@ def lm(tmp_path_factory):
     from rest_lsp.model.tiny import make_tiny_codellama_dir
 
     return load_model(make_tiny_codellama_dir(tmp_path_factory.mktemp("cl") / "model"), device="cpu")
-
-
-@torch.no_grad()
-def plain_greedy(model, prompt: list[int], n: int, stop: set[int]) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        t = int(model(torch.tensor([seq])).logits[0, -1].argmax())
-        if t in stop:
-            break
-        seq.append(t)
-    return seq[len(prompt):]
 
 
 @pytest.mark.parametrize("kind", ["eager", "auto"])

@@ -1,15 +1,17 @@
 """A Qwen3-architecture model (per-head RMSNorm of the queries and keys) runs on the fast CPU verifier, not
 on transformers' forward: loaded from a directory, with Qwen's FIM tokens, REST's output is an independent
-plain greedy run's (no KV cache: the whole sequence recomputed for every token); and `rest-lsp complete --compare` says the same over the one-shot path."""
+plain greedy run's (no KV cache: the whole sequence recomputed for every token); and
+`rest-lsp complete --compare` says the same over the one-shot path."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from rest_lsp.engine import ContextSource, Engine, GenerationConfig
+
+from ._models import plain_greedy
 
 PREFIX = "def total(items):\n    result = 0\n    for item in items:\n        "
 SUFFIX = "\n    return result\n"
@@ -21,17 +23,6 @@ def model_dir(tmp_path_factory):
     from rest_lsp.model.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("q3") / "model", seed=1, arch="qwen3")
-
-
-@torch.no_grad()
-def plain_greedy(model, prompt: list[int], n: int, stop: set[int]) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        t = int(model(torch.tensor([seq])).logits[0, -1].argmax())
-        if t in stop:
-            break
-        seq.append(t)
-    return seq[len(prompt):]
 
 
 def test_rest_on_the_fast_verifier_is_plain_greedy(model_dir):
