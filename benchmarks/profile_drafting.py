@@ -1,5 +1,6 @@
-"""Where a drafting step's time goes: each source's `propose`, the trie, the acceptance estimate, the ranking,
-the budget and the flattening, per step, over a replay record (no model needed).
+"""Where a drafting step's time goes: each source's `propose_rows` and the compiled rest of the step (the trie,
+the acceptance estimate, the ranking, the budget and the flattening: `draft_arrays`), per step, over a replay
+record (no model needed).
 
     .venv/bin/python benchmarks/profile_drafting.py --record REPLAY.jsonl --datastore corpus \
         [--policy rest] [--budget auto] [--cost FILE] [--repeat 1] [--thrash-mb 0]
@@ -70,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     drafter = Drafter(make_sources(args.policy, corpus=corpus, repository=repo), vocab_size=vocab)
     for s, _ in drafter.sources:  # the drafter asks for rows (`propose_rows`)
         s.propose_rows = _timed(f"propose {s.name}", s.propose_rows, times)
-    for name in ("mix_rows", "rank_nodes", "best_size", "flatten"):
-        setattr(drafter_mod, name, _timed(name, getattr(drafter_mod, name), times))
-    drafter.acceptance.estimate = _timed("estimate", drafter.acceptance.estimate, times)
-    keys = [f"propose {s.name}" for s, _ in drafter.sources] + ["mix_rows", "estimate", "rank_nodes", "best_size",
-                                                               "flatten"]
+    # the rest of the step is one compiled call: clip, trie, estimate, ranking, budget, flattening
+    drafter_mod.draft_arrays = _timed("draft_arrays", drafter_mod.draft_arrays, times)
+    keys = [f"propose {s.name}" for s, _ in drafter.sources] + ["draft_arrays"]
     draft = drafter.draft
     junk = np.ones(args.thrash_mb << 18, dtype=np.float32)  # 2^18 float32 = 1 MB
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from rest_lsp.jit import njit
 
-from .trie import TokenTrie, path_products
+from .trie import TokenTrie, path_product_arrays
 
 DEFAULT_LR = 0.02  # best of 0.005-0.1 in the 20-prompt HumanEval replay (docs/engine.md)
 _EPS = 1e-4
@@ -29,23 +29,18 @@ _MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd
 
 def features(trie: TokenTrie) -> np.ndarray:
     """[N, 3 * sources + 6] per node (row 0, the root, is unused)."""
-    x, odds = _features(trie.parents, trie.depths, trie.mass, trie.smass,
-                        np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS)
-    np.log(odds, out=x[:, -1])  # numpy's log: the compiled one may differ in the last bit
-    return x
+    return _features(trie.parents, trie.depths, trie.mass, trie.smass,
+                     np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS)
 
 
 @njit
 def _features(parents, depths, mass, smass, strength, n_first, eps):
-    """x [N, 3S + 6] but for its last column, and the trie's conditional odds [N] (that column before the log).
-
-    Per source: the share of the parent's source mass that goes to the node, that times the source's
-    strength, whether it proposed the node at all; the depth (1, 2, >= 4); whether two sources agree; the
-    trie's conditional estimate, which under the root is the absolute mass (unclaimed shares stay doubt):
-    ids go depth by depth, so the root's children are ids 1..n_first."""
+    """x [N, 3S + 6]: per source, the share of the parent's source mass that goes to the node, that times the
+    source's strength, whether it proposed the node at all; the depth (1, 2, >= 4); whether two sources agree;
+    the log-odds of the trie's conditional estimate, which under the root is the absolute mass (unclaimed
+    shares stay doubt): ids go depth by depth, so the root's children are ids 1..n_first."""
     n, n_src = smass.shape
     x = np.empty((n, 3 * n_src + 6))
-    odds = np.empty(n)
     for i in range(n):
         p = parents[i] if i > 0 else 0
         agree = 0
@@ -63,8 +58,26 @@ def _features(parents, depths, mass, smass, strength, n_first, eps):
         x[i, 3 * n_src + 4] = agree >= 2
         below = 1.0 if i <= n_first else max(mass[p], 1e-12)
         cond = min(max(mass[i] / below, eps), 1 - eps)
-        odds[i] = cond / (1 - cond)
-    return x, odds
+        x[i, 3 * n_src + 5] = np.log(cond / (1 - cond))
+    return x
+
+
+@njit
+def estimate_arrays(parents, depths, mass, smass, strength, n_first, eps, weights):
+    """(x [N, F] the features, est [N] each node's chance of acceptance: the product down its path of the
+    conditionals sigmoid(x @ weights), the root's 1). One compiled pass: the drafter calls it inside its
+    step (rest_lsp/engine/drafter.py), `AcceptanceModel.estimate` for a trie on its own."""
+    x = _features(parents, depths, mass, smass, strength, n_first, eps)
+    n, f = x.shape
+    cond = np.empty(n)
+    for i in range(n):
+        z = 0.0
+        for j in range(f):
+            z += x[i, j] * weights[j]
+        cond[i] = 1.0 / (1.0 + np.exp(-z))
+    if n:
+        cond[0] = 1.0
+    return x, path_product_arrays(parents, cond)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -92,17 +105,26 @@ class AcceptanceModel:
 
     def estimate(self, trie: TokenTrie) -> np.ndarray:
         """[N] estimated chance that each node is accepted (its whole path; root 1)."""
-        x = features(trie)
-        if self.weights is None or tuple(trie.names) != self.sources:
-            self.sources = tuple(trie.names)
-            self.weights = np.zeros(x.shape[1])
-            self.weights[-1] = 1.0  # start as the trie's own estimate
-        cond = _sigmoid(x @ self.weights)
-        cond[0] = 1.0
-        est = path_products(trie, cond)  # the product of the conditionals down each path
+        weights = self.weights_for(trie.names)
+        x, est = estimate_arrays(trie.parents, trie.depths, trie.mass, trie.smass,
+                                 np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS,
+                                 weights)
+        self.remember(trie, x)
+        return est
+
+    def weights_for(self, names: Sequence[str]) -> np.ndarray:
+        """The weights [3 * sources + 6] for tries of these sources (a new set of sources starts over, as the
+        trie's own estimate: only the last weight set)."""
+        if self.weights is None or tuple(names) != self.sources:
+            self.sources = tuple(names)
+            self.weights = np.zeros(3 * len(self.sources) + 6)
+            self.weights[-1] = 1.0
+        return self.weights
+
+    def remember(self, trie: TokenTrie, x: np.ndarray) -> None:
+        """A drafted trie and its features: learned from once the output has decided its nodes."""
         if self.lr > 0 and self._output:
             self._pending.append((len(self._output) - 1, trie, x))
-        return est
 
     def observe(self, tokens: Sequence[int]) -> None:
         self._output.extend(int(t) for t in tokens)

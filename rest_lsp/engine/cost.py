@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.jit import njit
 from rest_lsp.storage import cache_root, write_bytes_atomic
 
 from .verifier import Verifier, chain_mask
@@ -50,6 +52,13 @@ class CostModel:
             cache[n] = [self(q) for q in range(1, n + 1)]
         return cache[n]
 
+    def upto_array(self, n: int) -> np.ndarray:
+        """`upto` as an array (the drafting step's compiled budget reads it)."""
+        cache = self.__dict__.setdefault("_upto_array", {})
+        if n not in cache:
+            cache[n] = np.array(self.upto(n), dtype=np.float64)
+        return cache[n]
+
     def ratios(self) -> dict[int, float]:
         return {q: m / self.ms[0] for q, m in zip(self.qs, self.ms)}
 
@@ -66,10 +75,15 @@ def best_size(probs: Sequence[float], cost: CostModel) -> int:
     are 1 (the model's own next token) plus the expected accepted nodes. Scanning every k (not stopping at
     the first loss) copes with cost curves that are flat for a while and then jump.
     """
-    costs = cost.upto(len(probs) + 1)  # costs[k] = c(k + 1)
+    return int(best_size_arrays(np.asarray(probs, dtype=np.float64), cost.upto_array(len(probs) + 1)))
+
+
+@njit
+def best_size_arrays(probs, costs):
+    """`best_size` with costs[k] = c(k + 1) for k = 0 .. len(probs)."""
     best_k, best_rate, gained = 0, 1.0 / costs[0], 0.0
-    for k, p in enumerate(probs, start=1):
-        gained += p
+    for k in range(1, len(probs) + 1):
+        gained += probs[k - 1]
         rate = (1.0 + gained) / costs[k]
         if rate > best_rate:
             best_k, best_rate = k, rate

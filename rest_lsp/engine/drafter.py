@@ -16,13 +16,19 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .acceptance import DEFAULT_LR, AcceptanceModel
-from .cost import Calibration, CostModel, best_size
-from .sources import DraftSource
-from .tree import DraftTree, flatten, rank_nodes
-from .trie import TokenTrie, match_strength, mix_rows
-from .vocab import clip_rows
+from rest_lsp.jit import njit
 
+from .acceptance import _EPS, DEFAULT_LR, AcceptanceModel, estimate_arrays
+from .cost import Calibration, CostModel, best_size_arrays
+from .sources import DraftSource
+from .tree import DraftTree, best_node_arrays, draft_tree, flatten_arrays
+from .trie import PAD, TokenTrie, match_strength, mixed_trie_arrays
+from .vocab import inside_end
+
+MAX_SOURCES = 8  # the compiled step takes the sources' rows as one 8-tuple: one compiled type for every policy
+_EMPTY_ROWS = (np.zeros((0, 0), dtype=np.int64),) * MAX_SOURCES
+_EMPTY_WEIGHTS = (np.zeros(0, dtype=np.float64),) * MAX_SOURCES
+_NO_COSTS = np.zeros(0, dtype=np.float64)  # a fixed budget: no c(q) cut
 
 class Drafter:
     """Draft trees from weighted sources. `vocab_size`: drafted tokens at or above it are cut off (a
@@ -37,6 +43,10 @@ class Drafter:
         self.vocab_size = vocab_size
         self.calibration = Calibration()  # how far the estimates are off, across generations
         self.acceptance = AcceptanceModel(lr=acceptance_lr)  # which nodes get accepted, across generations
+        if len(self.sources) > MAX_SOURCES:
+            raise ValueError(f"at most {MAX_SOURCES} draft sources (got {len(self.sources)})")
+        self.names = [s.name for s, _ in self.sources]
+        self._shares = np.array([share for _, share in self.sources], dtype=np.float64)
         self.topk = max((s.topk for s, _ in self.sources), default=0)
         self.last_trie: TokenTrie | None = None  # the full trie of the last draft (replay's coverage)
 
@@ -50,26 +60,37 @@ class Drafter:
         limit = self.max_draft_nodes if budget is None else budget
         if not self.sources or limit <= 0:
             return DraftTree.single(context[-1])
-        trie = self.trie(context)
-        est = self.acceptance.estimate(trie)  # [N] each node's chance of acceptance
-        order = rank_nodes(trie, limit, est)
-        if budget is None:
-            if cost is None:
-                raise ValueError("an automatic draft budget needs the verification cost c(q)")
-            scale = self.calibration.scale()
-            order = order[: best_size(np.minimum(1.0, est[order] * scale).tolist(), cost)]
-        return flatten(trie, order, est)
+        if budget is None and cost is None:
+            raise ValueError("an automatic draft budget needs the verification cost c(q)")
+        rows, weights, strengths = self._propose(context)
+        costs = cost.upto_array(limit + 1) if budget is None else _NO_COSTS
+        out = draft_arrays(rows, weights, self._shares * strengths, int(context[-1]), strengths,
+                           -1 if self.vocab_size is None else self.vocab_size,
+                           self.acceptance.weights_for(self.names), limit, costs, self.calibration.scale())
+        self.last_trie = TokenTrie.from_arrays(self.names, strengths.tolist(), out[:8])
+        self.acceptance.remember(self.last_trie, out[8])
+        return draft_tree(out[9:], self.names)
 
     def trie(self, context: Sequence[int]) -> TokenTrie:
-        """Every source's continuations of the context, mixed by share into one trie."""
-        proposals = []
-        for source, share in self.sources:
-            rows, weights = source.propose_rows(context, self.draft_len)  # [C, L] padded with -1, [C]
-            if self.vocab_size is not None:
-                rows, weights = clip_rows(rows, weights, self.vocab_size)
-            proposals.append((source.name, share, match_strength(source.last_match_len), rows, weights))
-        self.last_trie = mix_rows(context[-1], proposals)
+        """Every source's continuations of the context, mixed by share into one trie (what `draft` ranks)."""
+        rows, weights, strengths = self._propose(context)
+        out = draft_arrays(rows, weights, self._shares * strengths, int(context[-1]), strengths,
+                           -1 if self.vocab_size is None else self.vocab_size,
+                           self.acceptance.weights_for(self.names), 0, _NO_COSTS, 1.0)
+        self.last_trie = TokenTrie.from_arrays(self.names, strengths.tolist(), out[:8])
         return self.last_trie
+
+    def _propose(self, context: Sequence[int]) -> tuple[tuple, tuple, np.ndarray]:
+        """Every source's rows and weights, as MAX_SOURCES-tuples (padded with empty ones: the compiled step
+        takes one type however many sources there are), and each source's strength [S]."""
+        rows, weights = list(_EMPTY_ROWS), list(_EMPTY_WEIGHTS)
+        strengths = []
+        for i, (source, _) in enumerate(self.sources):
+            r, w = source.propose_rows(context, self.draft_len)  # [C, L] padded with -1, [C]
+            rows[i] = r if r.dtype == np.int64 and r.flags.c_contiguous else np.ascontiguousarray(r, np.int64)
+            weights[i] = w if w.dtype == np.float64 and w.flags.c_contiguous else np.ascontiguousarray(w, np.float64)
+            strengths.append(match_strength(source.last_match_len))
+        return tuple(rows), tuple(weights), np.array(strengths)
 
     def covered(self, truth: Sequence[int]) -> int:
         """How many tokens of the true continuation the last draft's full trie holds: what the step would
@@ -133,3 +154,52 @@ def compile_kernels() -> None:
     rows = np.array([[1, 2, -1], [3, 4, 5]], dtype=np.int64)
     level = SimpleNamespace(match_len=2, rows=rows, weights=np.array([2.0, 1.0]))
     merge_levels([(4, level), (2, level)], 32, 3)
+
+
+@njit
+def draft_arrays(rows, weights, scale, root_token, strength, vocab_size, acc_weights, limit, costs, calib):
+    """A drafting step after the sources, in one compiled call (right after a CPU forward pass each Python or
+    numpy call runs from cold caches, 0.05-0.15 ms each: docs/engine.md):
+
+        rows, weights   MAX_SOURCES-tuples: each source's [C_s, L_s] continuations (-1 after each end), [C_s]
+        scale [S]       each source's share times its strength (0: left out); strength [S]
+        -> the rows cut before the first id outside [0, vocab_size) (vocab_size < 0: none is),
+           the trie (TokenTrie's 8 arrays), its features x [N, F] and estimates [N] (acc_weights [F]),
+           the `limit` best nodes, cut where c(q) makes another node a loss (costs[k] = c(k + 1); empty: no
+           cut; calib: the calibration's factor on the estimates), flattened (the tree's 5 arrays [q]).
+
+    Returns the trie's 8 arrays, x, then the tree's 5 (`draft_tree` names them)."""
+    n_src = len(scale)
+    total, width = 0, 0
+    for s in range(n_src):
+        if scale[s] > 0 and len(weights[s]):
+            total += rows[s].shape[0]
+            width = max(width, rows[s].shape[1])
+    stacked = np.full((total, width), PAD, np.int64)
+    w = np.empty(total)
+    src = np.empty(total, np.int64)
+    at = 0
+    for s in range(n_src):
+        if not (scale[s] > 0 and len(weights[s])):
+            continue
+        r, rw = rows[s], weights[s]
+        for i in range(r.shape[0]):
+            end = inside_end(r, i, vocab_size)
+            stacked[at + i, :end] = r[i, :end]
+            w[at + i], src[at + i] = rw[i], s
+        at += r.shape[0]
+    trie = mixed_trie_arrays(stacked, w, src, scale, root_token)
+    parents = trie[1]
+    x, est = estimate_arrays(parents, trie[2], trie[3], trie[4], strength, trie[6][0], _EPS, acc_weights)
+    if len(parents) <= 1 or limit <= 0:
+        order = np.zeros(0, np.int64)
+    else:
+        order = best_node_arrays(parents, est, limit)
+    if len(costs):
+        probs = np.empty(len(order))
+        for k in range(len(order)):
+            probs[k] = min(1.0, est[order[k]] * calib)
+        order = order[:best_size_arrays(probs, costs)]
+    tree = flatten_arrays(trie[0], parents, trie[2], trie[5], order, est)
+    return (trie[0], trie[1], trie[2], trie[3], trie[4], trie[5], trie[6], trie[7], x,
+            tree[0], tree[1], tree[2], tree[3], tree[4])

@@ -66,11 +66,11 @@ def rank_nodes(trie: TokenTrie, max_nodes: int, score: Sequence[float] | np.ndar
     if len(trie) <= 1 or max_nodes <= 0:
         return []
     score = trie.mass if score is None else np.asarray(score, dtype=np.float64)
-    return _best_nodes(trie.parents, score, max_nodes).tolist()
+    return best_node_arrays(trie.parents, score, max_nodes).tolist()
 
 
 @njit
-def _best_nodes(parents, score, limit):
+def best_node_arrays(parents, score, limit):
     """The ids of the `limit` best nodes by score clamped to every ancestor's, ties to the lower id."""
     clamped = score.copy()
     for i in range(1, len(parents)):  # parents come first: the parent's clamped score is final
@@ -84,20 +84,37 @@ def flatten(trie: TokenTrie, order: Sequence[int], probs: Sequence[float] | np.n
     """The root plus the chosen nodes (parents before children) as a DraftTree; probs: each node's
     estimated acceptance (default its mass)."""
     probs = trie.mass if probs is None else probs
-    idx = np.asarray(order, dtype=np.int64)
-    pos = np.zeros(len(trie), dtype=np.int64)  # a chosen node's index in the tree (the root's is 0)
-    pos[idx] = np.arange(1, len(idx) + 1)
-    parents = trie.parents[idx]
-    if np.any((pos[parents] == 0) & (parents != 0)):  # a node's depth and position id come from its path
-        raise ValueError("flatten: a chosen node's parent is not chosen before it")
-    names = trie.names
-    return DraftTree(
-        [int(trie.tokens[0])] + trie.tokens[idx].tolist(),
-        [-1] + pos[parents].tolist(),
-        [0] + trie.depths[idx].tolist(),
-        [1.0] + np.minimum(1.0, np.asarray(probs, dtype=np.float64)[idx]).tolist(),
-        [""] + [names[i] for i in trie.source_index[idx].tolist()],
-    )
+    arrays = flatten_arrays(trie.tokens, trie.parents, trie.depths, trie.source_index,
+                            np.asarray(order, dtype=np.int64), np.asarray(probs, dtype=np.float64))
+    return draft_tree(arrays, trie.names)
+
+
+def draft_tree(arrays: tuple, names: Sequence[str]) -> DraftTree:
+    """The DraftTree of `flatten_arrays`' answer, source indices named by `names`."""
+    tokens, parents, depths, probs, source_index = arrays
+    named = list(names) + [""]  # the root's source index, -1, names it ""
+    return DraftTree(tokens.tolist(), parents.tolist(), depths.tolist(), probs.tolist(),
+                     [named[i] for i in source_index.tolist()])
+
+
+@njit
+def flatten_arrays(tokens, parents, depths, source_index, order, probs):
+    """The tree's (tokens, parents, depths, probs, source indices) [q]: the root (trie node 0) then the trie
+    nodes `order`, a node's parent its position in the tree; probs capped at 1 (the root's is 1)."""
+    q = len(order) + 1
+    pos = np.zeros(len(tokens), np.int64)  # a chosen node's index in the tree (the root's is 0)
+    t_tokens, t_parents, t_depths = np.empty(q, np.int64), np.empty(q, np.int64), np.empty(q, np.int64)
+    t_probs, t_source = np.empty(q), np.empty(q, np.int64)
+    t_tokens[0], t_parents[0], t_depths[0], t_probs[0], t_source[0] = tokens[0], -1, 0, 1.0, -1
+    for k in range(1, q):
+        node = order[k - 1]
+        p = parents[node]
+        if p != 0 and pos[p] == 0:  # a node's depth and position id come from its path
+            raise ValueError("flatten: a chosen node's parent is not chosen before it")
+        pos[node] = k
+        t_tokens[k], t_parents[k], t_depths[k] = tokens[node], pos[p], depths[node]
+        t_probs[k], t_source[k] = min(1.0, probs[node]), source_index[node]
+    return t_tokens, t_parents, t_depths, t_probs, t_source
 
 
 def accept_greedy(tree: DraftTree, next_tokens: list[int]) -> tuple[list[int], int]:

@@ -90,14 +90,20 @@ class TokenTrie:
         (scales [len(names)]: share times strength). Rows without a first token or a positive weight are
         left out, and so is a source whose weights sum to nothing. Rows that share a prefix share its nodes;
         each adds its weight to every node on its path."""
+        return cls.from_arrays(names, strengths, mixed_trie_arrays(rows, weights, sources, scales, int(root_token)))
+
+    @classmethod
+    def from_arrays(cls, names: Sequence[str], strengths: Sequence[float], arrays: tuple) -> "TokenTrie":
+        """The trie of `mixed_trie_arrays`' answer (tokens, parents, depths, mass, smass, source_index,
+        n_children, first_child)."""
         trie = cls.__new__(cls)  # not through __init__: its root-only arrays would be replaced at once
         trie._name(names, strengths)
-        trie._set(*_mixed_trie(rows, weights, sources, scales, int(root_token)))
+        trie._set(*arrays)
         return trie
 
 
 @njit
-def _mixed_trie(rows, w, src, scale, root_token):
+def mixed_trie_arrays(rows, w, src, scale, root_token):
     """TokenTrie's arrays (see TokenTrie.mixed): the rows kept and scaled, sorted, and built into nodes."""
     n_src = len(scale)
     n = len(w)
@@ -276,11 +282,11 @@ def _build_trie(rows, w, src, rank, n_src, root_token, total):
 def path_products(trie: TokenTrie, values: np.ndarray) -> np.ndarray:
     """[N] the product of `values` along each node's path from depth 1 down to the node (the root's value
     kept): the acceptance estimate from its conditionals."""
-    return _path_products(trie.parents, np.asarray(values, dtype=np.float64))
+    return path_product_arrays(trie.parents, np.asarray(values, dtype=np.float64))
 
 
 @njit
-def _path_products(parents, values):
+def path_product_arrays(parents, values):
     out = values.copy()
     for i in range(1, len(parents)):  # parents come first: the parent's product is final
         p = parents[i]
