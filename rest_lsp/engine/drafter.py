@@ -62,23 +62,24 @@ class Drafter:
             return DraftTree.single(context[-1])
         if budget is None and cost is None:
             raise ValueError("an automatic draft budget needs the verification cost c(q)")
-        rows, weights, strengths = self._propose(context)
         costs = cost.upto_array(limit + 1) if budget is None else _NO_COSTS
-        out = draft_arrays(rows, weights, self._shares * strengths, int(context[-1]), strengths,
-                           -1 if self.vocab_size is None else self.vocab_size,
-                           self.acceptance.weights_for(self.names), limit, costs, self.calibration.scale())
-        self.last_trie = TokenTrie.from_arrays(self.names, strengths.tolist(), out[:8])
+        out = self._step(context, limit, costs, self.calibration.scale())
         self.acceptance.remember(self.last_trie, out[8])
         return draft_tree(out[9:], self.names)
 
     def trie(self, context: Sequence[int]) -> TokenTrie:
         """Every source's continuations of the context, mixed by share into one trie (what `draft` ranks)."""
+        self._step(context, 0, _NO_COSTS, 1.0)
+        return self.last_trie
+
+    def _step(self, context: Sequence[int], limit: int, costs: np.ndarray, calib: float) -> tuple:
+        """The sources' rows, then `draft_arrays`; keeps the trie (`last_trie`)."""
         rows, weights, strengths = self._propose(context)
         out = draft_arrays(rows, weights, self._shares * strengths, int(context[-1]), strengths,
                            -1 if self.vocab_size is None else self.vocab_size,
-                           self.acceptance.weights_for(self.names), 0, _NO_COSTS, 1.0)
+                           self.acceptance.weights_for(self.names), limit, costs, calib)
         self.last_trie = TokenTrie.from_arrays(self.names, strengths.tolist(), out[:8])
-        return self.last_trie
+        return out
 
     def _propose(self, context: Sequence[int]) -> tuple[tuple, tuple, np.ndarray]:
         """Every source's rows and weights, as MAX_SOURCES-tuples (padded with empty ones: the compiled step

@@ -1,7 +1,8 @@
 """The model's vocabulary as the drafter and the decoding loop need it.
 
-`clip_rows`: drafted ids stay inside the model's vocabulary. A tokenizer can hold ids past the model's
-embedding: transformers 5 loads CodeLlama's tokenizer with `<FILL_ME>` at id 32016 while the model has 32,016
+`inside_end` / `clip_rows`: drafted ids stay inside the model's vocabulary (the drafter's compiled step cuts
+each row where `inside_end` says; `clip_rows` is the same cut over one source's rows). A tokenizer can hold ids
+past the model's embedding: transformers 5 loads CodeLlama's tokenizer with `<FILL_ME>` at id 32016 while the model has 32,016
 rows (0..32015), and any text containing `<FILL_ME>` (a buffer, a file in the workspace or the corpus) is
 encoded with that id into the live shards and the datastores. A drafted id past the embedding would be an
 IndexError in the verifier on a CPU, and a device-side assert that ruins the CUDA context on a GPU; it can

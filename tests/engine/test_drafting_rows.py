@@ -128,6 +128,54 @@ def test_drafter_trees_equal_the_tuple_path():
         assert flatten(trie, order, est) == flatten(ref, rank_nodes(ref, 16, est), est)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_step_equals_its_parts(seed):
+    """`Drafter.draft` (one compiled call after the sources: `draft_arrays`) against its definition step by step:
+    each source's rows cut to the vocabulary (`clip_rows`), mixed (`mix_rows`), estimated (the features' logistic
+    conditionals multiplied down each path, in numpy), ranked (`rank_nodes`), cut by c(q) (`best_size`) and
+    flattened (`flatten`); ids past the vocabulary, a source without a match and learned weights included."""
+    from rest_lsp.engine.acceptance import features
+    from rest_lsp.engine.cost import Calibration, CostModel, best_size
+    from rest_lsp.engine.trie import match_strength, mix_rows
+    from rest_lsp.engine.vocab import clip_rows
+
+    rng = np.random.default_rng(40 + seed)
+    ds = _store(rng)
+    context_src, hist = ContextSource(), HistorySource()
+    hist.extend(rng.integers(0, 12, 300).tolist())
+    silent = HistorySource()  # nothing to match: strength 0, left out of the trie
+    silent.name = "silent"
+    drafter = Drafter([(context_src, 0.4), (hist, 0.2), (DatastoreSource(ds, max_len=6), 0.3), (silent, 0.1)],
+                      vocab_size=10)
+    cost = CostModel([1, 4, 8, 16], [10.0, 12.0, 19.0, 40.0])
+    drafter.calibration = Calibration(predicted=3.0, actual=2.0)
+    drafter.acceptance.weights = rng.normal(size=3 * 4 + 6)
+    drafter.acceptance.sources = tuple(drafter.names)
+    for _ in range(8):
+        context = rng.integers(0, 12, 60).tolist()
+        for budget in (4, 16, None):
+            tree = drafter.draft(context, budget, cost)
+            proposals = []
+            for src, share in drafter.sources:
+                rows, w = clip_rows(*src.propose_rows(context, drafter.draft_len), 10)
+                proposals.append((src.name, share, match_strength(src.last_match_len), rows, w))
+            trie = mix_rows(context[-1], proposals)
+            for a in ("tokens", "parents", "depths", "mass", "smass", "source_index"):
+                assert np.array_equal(getattr(drafter.last_trie, a), getattr(trie, a)), a
+            cond = 1 / (1 + np.exp(-(features(trie) @ drafter.acceptance.weights)))
+            cond[0] = 1.0
+            est = drafter.acceptance.estimate(trie)  # the compiled estimate, against its definition:
+            np.testing.assert_allclose(est, path_products(trie, cond), rtol=1e-12)
+            order = rank_nodes(trie, drafter.max_draft_nodes if budget is None else budget, est)
+            if budget is None:
+                order = order[:best_size(np.minimum(1.0, est[order] * drafter.calibration.scale()).tolist(), cost)]
+            ref = flatten(trie, order, est)
+            assert (tree.tokens, tree.parents, tree.depths, tree.sources) == \
+                   (ref.tokens, ref.parents, ref.depths, ref.sources)
+            np.testing.assert_allclose(tree.probs, ref.probs, rtol=1e-12)
+            assert max(tree.tokens[1:], default=0) < 10 and "silent" not in tree.sources
+
+
 def _clamped_by_depth(trie, score):
     """rank_nodes' clamp as it was: depth by depth, each node to its parent's score."""
     s = np.array(score, dtype=np.float64)
