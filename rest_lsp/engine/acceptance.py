@@ -23,14 +23,14 @@ from rest_lsp.jit import njit
 from .trie import TokenTrie, path_product_arrays
 
 DEFAULT_LR = 0.02  # best of 0.005-0.1 in the 20-prompt HumanEval replay (docs/engine.md)
-_EPS = 1e-4
+EPS = 1e-4  # the trie conditional is clipped to [EPS, 1 - EPS] before its log-odds
 _MAX_WEIGHT = 20.0  # far beyond what the replays learn (|w| < 4); keeps one odd step from saturating
 
 
 def features(trie: TokenTrie) -> np.ndarray:
     """[N, 3 * sources + 6] per node (row 0, the root, is unused)."""
     return _features(trie.parents, trie.depths, trie.mass, trie.smass,
-                     np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS)
+                     np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), EPS)
 
 
 @njit
@@ -107,7 +107,7 @@ class AcceptanceModel:
         """[N] estimated chance that each node is accepted (its whole path; root 1)."""
         weights = self.weights_for(trie.names)
         x, est = estimate_arrays(trie.parents, trie.depths, trie.mass, trie.smass,
-                                 np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), _EPS,
+                                 np.asarray(trie.strengths, dtype=np.float64), int(trie.n_children[0]), EPS,
                                  weights)
         self.remember(trie, x)
         return est

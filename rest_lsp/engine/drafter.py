@@ -18,7 +18,7 @@ import torch
 
 from rest_lsp.jit import njit
 
-from .acceptance import _EPS, DEFAULT_LR, AcceptanceModel, estimate_arrays
+from .acceptance import DEFAULT_LR, EPS, AcceptanceModel, estimate_arrays
 from .cost import Calibration, CostModel, best_size_arrays
 from .sources import DraftSource
 from .tree import DraftTree, best_node_arrays, draft_tree, flatten_arrays
@@ -191,7 +191,7 @@ def draft_arrays(rows, weights, scale, root_token, strength, vocab_size, acc_wei
         at += r.shape[0]
     trie = mixed_trie_arrays(stacked, w, src, scale, root_token)
     parents = trie[1]
-    x, est = estimate_arrays(parents, trie[2], trie[3], trie[4], strength, trie[6][0], _EPS, acc_weights)
+    x, est = estimate_arrays(parents, trie[2], trie[3], trie[4], strength, trie[6][0], EPS, acc_weights)
     if len(parents) <= 1 or limit <= 0:
         order = np.zeros(0, np.int64)
     else:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear, is_int8
+from .ops import norm, norm_params, rope
 from .static import attention_window
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
@@ -135,21 +136,16 @@ def _cat_bias(*mods) -> torch.Tensor | None:
 
 
 class Norm(torch.nn.Module):
-    """A norm as transformers computes it: RMSNorm (Llama, Qwen, Mistral) or LayerNorm with its bias
-    (StarCoder2), with the module's own epsilon."""
+    """A transformers norm's weights, detached (`ops.norm_params`), applied as transformers applies them."""
 
     def __init__(self, hf_norm: torch.nn.Module):
         super().__init__()
-        self.layer = isinstance(hf_norm, torch.nn.LayerNorm)
-        self.eps = float(hf_norm.eps if self.layer else hf_norm.variance_epsilon)
-        self.weight = hf_norm.weight.detach()
-        bias = getattr(hf_norm, "bias", None) if self.layer else None
+        self.layer, weight, bias, self.eps = norm_params(hf_norm)
+        self.weight = weight.detach()
         self.bias = bias.detach() if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
-        if self.layer:
-            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        return rms_norm(x, self.weight, self.eps)
+        return norm(x, self.layer, self.weight, self.bias, self.eps)
 
 
 class Layer(torch.nn.Module):
@@ -186,20 +182,6 @@ class Layer(torch.nn.Module):
             gate, up = h.chunk(2, dim=-1)
             return self.down(self.act(gate) * up)
         return self.down(self.act(h))
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' Qwen2RMSNorm/Qwen3RMSNorm/LlamaRMSNorm: normalise in fp32, scale in the weights' dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [heads, M, hd]; cos/sin [M, hd] (both halves repeated, as transformers builds them)
-    h = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-    return x * cos + rotated * sin
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

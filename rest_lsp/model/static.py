@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
+from .ops import norm, norm_params, rope
+
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "starcoder2")
 
 
@@ -69,19 +71,8 @@ def check_supported(model: Any) -> None:
         raise UnsupportedModel("static verifier: a per-head norm of the queries or of the keys alone")
 
 
-def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    if isinstance(norm, torch.nn.LayerNorm):  # StarCoder2
-        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
-    # as transformers' LlamaRMSNorm / Qwen2RMSNorm / Qwen3RMSNorm: normalise in fp32, scale in the weight's dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * xf.to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [heads, R, hd]; cos/sin [R, hd] (both halves repeated, as transformers builds them)
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], dim=-1) * sin
+def _norm(x: torch.Tensor, hf_norm: torch.nn.Module) -> torch.Tensor:
+    return norm(x, *norm_params(hf_norm))
 
 
 class StaticVerifier(SlotCache):
@@ -147,8 +138,8 @@ class StaticVerifier(SlotCache):
             q, k = a.q_proj(h).view(r, nh, hd), a.k_proj(h).view(r, nkv, hd)
             if hasattr(a, "q_norm"):   # Qwen3: each head's query and key RMS-normalised before the rotary
                 q, k = _norm(q, a.q_norm), _norm(k, a.k_norm)
-            q = _rope(q.transpose(0, 1), cos, sin)   # [nh, R, hd]
-            k = _rope(k.transpose(0, 1), cos, sin)
+            q = rope(q.transpose(0, 1), cos, sin)   # [nh, R, hd]
+            k = rope(k.transpose(0, 1), cos, sin)
             v = a.v_proj(h).view(r, nkv, hd).transpose(0, 1)
             kv = self.cache[i]   # [2, nkv, capacity, hd]
             kv[0].index_copy_(1, slots, k)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rest_lsp.engine.acceptance import _EPS, features
+from rest_lsp.engine.acceptance import EPS, features
 from rest_lsp.engine.trie import PAD, _pairwise_sum, mix_rows, path_products
 from rest_lsp.engine.tree import rank_nodes
 
@@ -112,7 +112,7 @@ def _reference_features(trie) -> np.ndarray:
     frac = np.divide(trie.smass, above, out=np.zeros_like(trie.smass), where=above > 0)
     below = np.maximum(trie.mass[parents], 1e-12)
     below[parents == 0] = 1.0
-    cond = np.clip(trie.mass / below, _EPS, 1 - _EPS)
+    cond = np.clip(trie.mass / below, EPS, 1 - EPS)
     d = trie.depths
     return np.column_stack([frac, frac * np.asarray(trie.strengths)[None, :], frac > 0, np.ones(len(d)),
                             d == 1, d == 2, d >= 4, (frac > 0).sum(axis=1) >= 2, np.log(cond / (1 - cond))])

@@ -1,0 +1,37 @@
+"""The arithmetic both verifiers share (fast.py, static.py): a decoder's norms and rotary embedding, computed as
+transformers computes them (the same dtypes and order of operations), so that a verifier's logits match the
+model's own forward."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def norm_params(hf_norm: torch.nn.Module) -> tuple[bool, torch.Tensor, torch.Tensor | None, float]:
+    """(is LayerNorm, weight, bias, eps) of a transformers norm: RMSNorm (Llama, Qwen, Mistral), or LayerNorm with
+    its bias (StarCoder2), with the module's own epsilon."""
+    if isinstance(hf_norm, torch.nn.LayerNorm):
+        return True, hf_norm.weight, hf_norm.bias, float(hf_norm.eps)
+    return False, hf_norm.weight, None, float(hf_norm.variance_epsilon)
+
+
+def norm(x: torch.Tensor, layer: bool, weight: torch.Tensor, bias: torch.Tensor | None,
+         eps: float) -> torch.Tensor:  # [..., D] -> [..., D]
+    """`norm_params`' norm of x."""
+    if layer:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return rms_norm(x, weight, eps)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' Qwen2RMSNorm/Qwen3RMSNorm/LlamaRMSNorm: normalise in fp32, scale in the weights' dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [heads, M, hd]; cos/sin [M, hd] (both halves repeated, as transformers builds them)
+    h = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rotated * sin
