@@ -7,40 +7,17 @@ from typing import Iterable
 import torch
 
 from rest_lsp.engine.sources import DraftSource
-from rest_lsp.model.tiny import randomize_norms
+from rest_lsp.model.tiny import tiny_causal_lm
 
 VOCAB = 64
 
 
 @functools.lru_cache(maxsize=None)
 def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3,  # the default 0.02 makes a random model repeat one token forever
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    elif kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif kind == "qwen3":  # per-head q/k norms (random weights, so that one left out shows), no q/k/v bias
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
-        randomize_norms(model)
-    elif kind == "starcoder2":  # LayerNorm with biases (random, so that one left out shows), a GELU MLP
-        from transformers import Starcoder2Config, Starcoder2ForCausalLM
-
-        model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0, eos_token_id=0))
-        randomize_norms(model)
-    else:
-        raise ValueError(kind)
+    """rest_lsp.model.tiny's random model, shared between tests (never modified), with no end token."""
+    model = tiny_causal_lm(kind, seed=seed, vocab_size=vocab, layers=layers)
     model.generation_config.eos_token_id = None
-    return model.eval()
+    return model
 
 
 def plain_greedy(model, prompt: list[int], n: int, stop: Iterable[int] = ()) -> list[int]:

@@ -12,39 +12,14 @@ from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
                                  sdpa_row_invariant)
-from rest_lsp.model.tiny import randomize_norms
+from rest_lsp.model.tiny import tiny_causal_lm
 
 VOCAB = 96
 
 
 def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, dtype=torch.float32):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  initializer_range=0.3,  # decisive logits: a random model with 0.02 repeats one token
-                  tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    elif kind == "qwen3":  # per-head q/k norms, an explicit head width, no q/k/v bias
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
-        randomize_norms(model)
-    elif kind == "mistral":  # Llama's layout without biases; the sliding window off (Mistral v0.2 on)
-        from transformers import MistralConfig, MistralForCausalLM
-
-        model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
-    elif kind == "starcoder2":  # LayerNorm with biases, a GELU MLP (c_fc, c_proj), biases everywhere
-        from transformers import Starcoder2Config, Starcoder2ForCausalLM
-
-        model = Starcoder2ForCausalLM(Starcoder2Config(**common, sliding_window=None, bos_token_id=0,
-                                                       eos_token_id=0))
-        randomize_norms(model)
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
-    return model.to(dtype).eval()
+    """A tiny random model of `kind` (Llama with its attention biases, so that the fused projections carry them)."""
+    return tiny_causal_lm(kind, seed=seed, vocab_size=VOCAB, layers=layers, attention_bias=kind == "llama").to(dtype)
 
 
 def prompt(seed: int, n: int) -> torch.Tensor:
@@ -310,6 +285,8 @@ def test_bad_input_gets_clear_errors():
         fast.truncate(-1)
     with pytest.raises(ValueError, match="kind"):
         make_verifier(tiny(), "turbo")
+    with pytest.raises(ValueError, match="arch must be one of"):
+        tiny("gpt2")
 
 
 def test_auto_falls_back_to_transformers_for_unsupported_models():
