@@ -55,11 +55,11 @@ class Drafter:
 
     # ---- one step ---------------------------------------------------------------------------------
     def draft(self, context: Sequence[int], budget: int | None, cost: CostModel | None = None) -> DraftTree:
-        """The tree after `context` (its last token decided, not yet verified). budget: draft nodes, or None
-        to choose per step from c(q) (`cost`)."""
+        """The tree after `context` (its last token decided, not yet verified; a list, or the engine's int64
+        array). budget: draft nodes, or None to choose per step from c(q) (`cost`)."""
         limit = self.max_draft_nodes if budget is None else budget
         if not self.sources or limit <= 0:
-            return DraftTree.single(context[-1])
+            return DraftTree.single(int(context[-1]))
         if budget is None and cost is None:
             raise ValueError("an automatic draft budget needs the verification cost c(q)")
         costs = cost.upto_array(limit + 1) if budget is None else _NO_COSTS

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .acceptance import DEFAULT_LR
@@ -99,9 +100,29 @@ class Run:
     forwards: int = 0  # model forwards spent on this run (prefill chunks included)
     computed: int = 0  # prompt tokens its prefill forwards computed (the rest came from earlier work)
 
+    _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    _n_ids: int = 0
+
     @property
     def prefilled(self) -> bool:
         return bool(self.out)
+
+    def ids(self) -> np.ndarray:
+        """prompt + out as int64 [len(prompt) + len(out)], a view of a buffer grown in place: what the drafter
+        reads each step (converting the whole list again cost 0.05 ms per step right after a CPU forward pass,
+        one cache miss per token object). `out` only grows by appending."""
+        n = len(self.prompt) + len(self.out)
+        if n > len(self._ids):
+            grown = np.empty(max(n, 2 * len(self._ids), 256), dtype=np.int64)
+            grown[: self._n_ids] = self._ids[: self._n_ids]
+            self._ids = grown
+        if self._n_ids < len(self.prompt):
+            self._ids[: len(self.prompt)] = self.prompt
+            self._n_ids = len(self.prompt)
+        if self._n_ids < n:
+            self._ids[self._n_ids: n] = self.out[self._n_ids - len(self.prompt):]
+            self._n_ids = n
+        return self._ids[:n]
 
     @property
     def text(self) -> str:
@@ -256,7 +277,7 @@ class Engine:
         t1 = time.perf_counter()
         budget = 0 if run.forced else run.config.draft_budget  # a constrained token is never drafted
         cost = self.cost_model() if budget is None and self.drafter else None
-        tree = self.drafter.draft(context + run.out[-1:], budget, cost)
+        tree = self.drafter.draft(run.ids(), budget, cost)  # context + the pending token
         t2 = time.perf_counter()
         logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
         if run.forced:

@@ -333,7 +333,7 @@ class RecyclingSource(DraftSource):
         return ()
 
     def propose(self, context: Sequence[int], max_len: int) -> list[tuple[tuple[int, ...], float]]:
-        if not context:
+        if len(context) == 0:
             return []
         out: list[tuple[tuple[int, ...], float]] = []
         order, lookup = self.order, self._lookup

@@ -143,3 +143,17 @@ def test_a_stopped_run_returns_what_it_decided():
     assert run.result.tokens == plain_greedy(model, prompt, N)[: len(run.result.tokens)]
     assert len(run.result.tokens) == len(run.out) >= 4  # every decided token, the pending one too
     assert engine.advance(run) == []
+
+
+def test_a_runs_ids_follow_its_prompt_and_output():
+    """`Run.ids` (what the drafter reads each step): prompt + out as int64, the buffer grown in place."""
+    from rest_lsp.engine.generate import Run
+
+    run = Run(prompt=list(range(1000, 1300)), config=None, key=None, result=None, stops=None, rng=None)
+    assert run.ids().tolist() == run.prompt and run.ids().dtype.name == "int64"
+    run.out = [7]
+    for step in range(200):
+        run.out += [step, step + 1][: 1 + step % 2]
+        ids = run.ids()
+        assert ids.tolist() == run.prompt + run.out
+    assert len(run._ids) >= len(ids) and ids.base is run._ids  # a view, not a copy per step
