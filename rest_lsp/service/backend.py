@@ -80,7 +80,7 @@ class EngineBackend:
         # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
         # plain run the same forward and share the reuse of the prompt's prefix
         self.engine = Engine(loaded, sources, verifier=verifier, kv_pool_bytes=kv_pool_bytes)
-        self.trees_exact = self.exact_trees()
+        self.trees_exact = trees_verify_exactly(self.verifier_kind, loaded)
         self.precision_choice: dict | None = None  # what `precision: auto` measured on this CPU
         self.config_seen: ServerConfig | None = None
 
@@ -171,7 +171,7 @@ class EngineBackend:
         lines = 1 if ctx.infill_in_line() else config.max_lines
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
-            # automatic budget where trees verify exactly; plain decoding where they cannot (exact_trees)
+            # automatic budget where trees verify exactly; plain decoding where they cannot (trees_verify_exactly)
             draft_budget=config.draft_budget if config.draft_budget is not None or self.trees_exact else 0,
             max_lines=lines,
             stop_text=ctx.stop_text() if lines > 1 else None,
@@ -206,15 +206,6 @@ class EngineBackend:
         context = self.engine.max_positions or self.loaded.context_length
         return ModelLimits(context=int(context) if context else None, tree_reserve=self.engine.tree_reserve,
                            fim=self.loaded.fim is not None, exact_trees=self.trees_exact)
-
-    def exact_trees(self) -> bool:
-        """Whether a draft tree's rows round as plain decoding's single row does (the fast and static verifiers
-        make sure of it; transformers' forward on a CPU only where its kernels do)."""
-        if self.verifier_kind != "eager" or self.loaded.device.type != "cpu":
-            return True
-        from rest_lsp.model.fast import eager_row_invariant
-
-        return eager_row_invariant(next(self.loaded.model.parameters()).dtype)
 
     def reset_kv_cache(self) -> None:
         """Start the next run from an empty KV cache (fair timing in `complete --compare`)."""
@@ -274,3 +265,13 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     backend.precision_choice = precision_choice
     backend.warm_up()
     return backend
+
+
+def trees_verify_exactly(verifier_kind: str, loaded) -> bool:
+    """Whether a draft tree's rows round as plain decoding's single row does (the fast and static verifiers
+    make sure of it; transformers' forward on a CPU only where its kernels do)."""
+    if verifier_kind != "eager" or loaded.device.type != "cpu":
+        return True
+    from rest_lsp.model.fast import eager_row_invariant
+
+    return eager_row_invariant(next(loaded.model.parameters()).dtype)

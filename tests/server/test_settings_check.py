@@ -58,10 +58,12 @@ def test_an_engine_backend_states_its_limits(tmp_path, monkeypatch):
     # where transformers' forward verifies (an architecture the fast paths do not run), it depends on the CPU
     import rest_lsp.model.fast as fast
 
-    backend.verifier_kind = "eager"
+    from rest_lsp.service.backend import trees_verify_exactly
+
     for invariant in (False, True):
         monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype, v=invariant: v)
-        assert backend.exact_trees() is invariant
+        assert trees_verify_exactly("eager", backend.loaded) is invariant
+        assert trees_verify_exactly("packed", backend.loaded)
     # where trees are not exact, the automatic budget decodes plainly; an explicit one still drafts
     from rest_lsp.service.prompt import build_context
 
