@@ -30,6 +30,7 @@ _EMPTY_ROWS = (np.zeros((0, 0), dtype=np.int64),) * MAX_SOURCES
 _EMPTY_WEIGHTS = (np.zeros(0, dtype=np.float64),) * MAX_SOURCES
 _NO_COSTS = np.zeros(0, dtype=np.float64)  # a fixed budget: no c(q) cut
 
+
 class Drafter:
     """Draft trees from weighted sources. `vocab_size`: drafted tokens at or above it are cut off (a
     datastore of another tokenizer must never feed the model ids it does not have)."""
