@@ -45,18 +45,11 @@ class CostModel:
         slope = max(0.0, (ms[-1] - ms[-2]) / (qs[-1] - qs[-2]))  # beyond the table: linear
         return ms[-1] + slope * (q - qs[-1])
 
-    def upto(self, n: int) -> list[float]:
+    def upto(self, n: int) -> np.ndarray:
         """[c(1), ..., c(n)], computed once per length (the drafter asks for it every step)."""
         cache = self.__dict__.setdefault("_upto", {})
         if n not in cache:
-            cache[n] = [self(q) for q in range(1, n + 1)]
-        return cache[n]
-
-    def upto_array(self, n: int) -> np.ndarray:
-        """`upto` as an array (the drafting step's compiled budget reads it)."""
-        cache = self.__dict__.setdefault("_upto_array", {})
-        if n not in cache:
-            cache[n] = np.array(self.upto(n), dtype=np.float64)
+            cache[n] = np.array([self(q) for q in range(1, n + 1)], dtype=np.float64)
         return cache[n]
 
     def ratios(self) -> dict[int, float]:
@@ -75,7 +68,7 @@ def best_size(probs: Sequence[float], cost: CostModel) -> int:
     are 1 (the model's own next token) plus the expected accepted nodes. Scanning every k (not stopping at
     the first loss) copes with cost curves that are flat for a while and then jump.
     """
-    return int(best_size_arrays(np.asarray(probs, dtype=np.float64), cost.upto_array(len(probs) + 1)))
+    return int(best_size_arrays(np.asarray(probs, dtype=np.float64), cost.upto(len(probs) + 1)))
 
 
 @njit

@@ -63,7 +63,7 @@ class Drafter:
             return DraftTree.single(int(context[-1]))
         if budget is None and cost is None:
             raise ValueError("an automatic draft budget needs the verification cost c(q)")
-        costs = cost.upto_array(limit + 1) if budget is None else _NO_COSTS
+        costs = cost.upto(limit + 1) if budget is None else _NO_COSTS
         out = self._step(context, limit, costs, self.calibration.scale())
         self.acceptance.remember(self.last_trie, out[8])
         return draft_tree(out[9:], self.names)
