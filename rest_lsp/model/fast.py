@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear, is_int8
-from .ops import norm, norm_params, rope
+from .ops import MLP_GATED, mlp_act, mlp_names, norm, norm_params, rope
 from .static import attention_window
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
@@ -90,8 +90,7 @@ def _check_supported(model: Any) -> None:
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
     linears = [getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    mlp_names = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("c_fc", "c_proj")
-    linears += [getattr(mlp, n, None) for n in mlp_names]
+    linears += [getattr(mlp, n, None) for n in mlp_names(mlp)]
     norms = [model.model.norm, model.model.layers[0].input_layernorm, model.model.layers[0].post_attention_layernorm]
     if not all(isinstance(n, torch.nn.LayerNorm) or hasattr(n, "variance_epsilon") for n in norms):
         raise UnsupportedModel("fast verifier: norms must be RMSNorm (Llama-style) or LayerNorm")
@@ -159,10 +158,10 @@ class Layer(torch.nn.Module):
         # Qwen3: per-head RMSNorm of the queries and keys (None elsewhere)
         self.q_norm = Norm(a.q_norm) if hasattr(a, "q_norm") else None
         self.k_norm = Norm(a.k_norm) if hasattr(a, "k_norm") else None
-        self.gated = hasattr(m, "gate_proj")  # act(gate) * up (Llama, Qwen, Mistral), or act(c_fc) (StarCoder2)
-        self.act = m.act_fn if self.gated else m.act
-        mlp_in = (m.gate_proj, m.up_proj) if self.gated else (m.c_fc,)
-        mlp_out = m.down_proj if self.gated else m.c_proj
+        names = mlp_names(m)
+        self.gated = names == MLP_GATED  # act(gate) * up (Llama, Qwen, Mistral), or act(c_fc) (StarCoder2)
+        self.act = mlp_act(m)
+        mlp_in, mlp_out = tuple(getattr(m, n) for n in names[:-1]), getattr(m, names[-1])
         if isinstance(a.q_proj, Int8RowLinear):
             # int8: the model's own modules (no float weights to pack); int8 products need no row padding
             self.qkv: torch.nn.Module = Int8RowLinear.fuse(a.q_proj, a.k_proj, a.v_proj)

@@ -1,10 +1,24 @@
-"""The arithmetic both verifiers share (fast.py, static.py): a decoder's norms and rotary embedding, computed as
-transformers computes them (the same dtypes and order of operations), so that a verifier's logits match the
-model's own forward."""
+"""What both verifiers share (fast.py, static.py): a decoder's norms and rotary embedding, computed as transformers
+computes them (the same dtypes and order of operations), so that a verifier's logits match the model's own
+forward, and the two MLP layouts they run."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+MLP_GATED = ("gate_proj", "up_proj", "down_proj")  # down(act(gate(x)) * up(x)): Llama, Qwen, Mistral
+MLP_PLAIN = ("c_fc", "c_proj")  # c_proj(act(c_fc(x))): StarCoder2
+
+
+def mlp_names(mlp: torch.nn.Module) -> tuple[str, ...]:
+    """A transformers MLP's projections, the output last: MLP_GATED or MLP_PLAIN."""
+    return MLP_GATED if hasattr(mlp, "gate_proj") else MLP_PLAIN
+
+
+def mlp_act(mlp: torch.nn.Module):
+    """The MLP's own activation (`act_fn` of a gated MLP, StarCoder2's `act`)."""
+    return mlp.act_fn if hasattr(mlp, "gate_proj") else mlp.act
 
 
 def norm_params(hf_norm: torch.nn.Module) -> tuple[bool, torch.Tensor, torch.Tensor | None, float]:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-from .ops import norm, norm_params, rope
+from .ops import mlp_names, norm, norm_params, rope
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "starcoder2")
 
@@ -63,8 +63,7 @@ def check_supported(model: Any) -> None:
     layer = model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    mods += [getattr(mlp, n, None) for n in (("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj")
-                                             else ("c_fc", "c_proj"))]
+    mods += [getattr(mlp, n, None) for n in mlp_names(mlp)]
     if not all(isinstance(m, torch.nn.Linear) for m in mods):
         raise UnsupportedModel("static verifier: every projection must be an nn.Linear")
     if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
