@@ -41,11 +41,10 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear, is_int8
-from .ops import MLP_GATED, mlp_act, mlp_names, norm, norm_params, rope
-from .static import attention_window
+from .ops import (MLP_GATED, SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_act, mlp_names, norm,
+                  norm_params, rope)
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "mistral", "starcoder2")
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -55,10 +54,6 @@ MIN_ROWS = 4
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] >= rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
-
-
-class UnsupportedModel(ValueError):
-    """The fast path cannot run this model (architecture, precision or device); the message says why."""
 
 
 def packing_available() -> bool:
@@ -528,7 +523,7 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
 
         try:
             return static.StaticVerifier(model, max_len=max_len)
-        except static.UnsupportedModel:
+        except UnsupportedModel:
             if kind == "static":
                 raise
             return HFVerifier(model)

@@ -1,10 +1,28 @@
-"""What both verifiers share (fast.py, static.py): a decoder's norms and rotary embedding, computed as transformers
-computes them (the same dtypes and order of operations), so that a verifier's logits match the model's own
-forward, and the two MLP layouts they run."""
+"""What both verifiers share (fast.py, static.py): the architectures they run, a decoder's norms and rotary embedding,
+computed as transformers computes them (the same dtypes and order of operations), so that a verifier's logits match
+the model's own forward, the two MLP layouts and the attention window."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "mistral", "starcoder2")  # transformers' model_type
+
+
+class UnsupportedModel(ValueError):
+    """A verifier cannot run this model (architecture, precision or device); the message says why."""
+
+
+def attention_window(cfg: Any) -> int | None:
+    """The sliding window of the model's attention, or None for full attention. A query at position p sees
+    the keys at p - window + 1 .. p, so a cache of at most `window` positions is full attention, exactly: the
+    verifiers cap their cache there (Mistral v0.1, StarCoder2: 4,096)."""
+    window = getattr(cfg, "sliding_window", None)
+    # Mistral and StarCoder2 have no switch: their window applies whenever it is set; Qwen2/3 have one
+    on = getattr(cfg, "use_sliding_window", getattr(cfg, "model_type", None) in ("mistral", "starcoder2"))
+    return int(window) if window and on else None
 
 
 MLP_GATED = ("gate_proj", "up_proj", "down_proj")  # down(act(gate(x)) * up(x)): Llama, Qwen, Mistral

@@ -33,23 +33,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-from .ops import mlp_names, norm, norm_params, rope
-
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "starcoder2")
-
-
-class UnsupportedModel(ValueError):
-    """This verifier cannot run the model (architecture, precision); the message says why."""
-
-
-def attention_window(cfg: Any) -> int | None:
-    """The sliding window of the model's attention, or None for full attention. A query at position p sees
-    the keys at p - window + 1 .. p, so a cache of at most `window` positions is full attention, exactly: the
-    verifiers cap their cache there (Mistral v0.1, StarCoder2: 4,096)."""
-    window = getattr(cfg, "sliding_window", None)
-    # Mistral and StarCoder2 have no switch: their window applies whenever it is set; Qwen2/3 have one
-    on = getattr(cfg, "use_sliding_window", getattr(cfg, "model_type", None) in ("mistral", "starcoder2"))
-    return int(window) if window and on else None
+from .ops import SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_names, norm, norm_params, rope
 
 
 def check_supported(model: Any) -> None:

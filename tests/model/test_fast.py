@@ -152,7 +152,8 @@ def test_a_row_has_the_same_logits_alone_and_among_other_rows(kind):
 @pytest.mark.parametrize("kind", ["mistral", "starcoder2"])
 def test_a_sliding_window_caps_the_cache_where_it_is_full_attention(kind):
     # Mistral v0.1 and StarCoder2 apply their window whenever it is set (no use_sliding_window switch)
-    from rest_lsp.model.static import StaticVerifier, attention_window
+    from rest_lsp.model.ops import attention_window
+    from rest_lsp.model.static import StaticVerifier
 
     model = tiny(kind, 4)
     model.config.sliding_window = 24
