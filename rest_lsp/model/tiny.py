@@ -88,21 +88,20 @@ def randomize_norms(model) -> None:
                     norm.weight.uniform_(0.5, 1.5)
 
 
-TINY_ARCHS = ("qwen2", "qwen3", "llama", "mistral", "starcoder2")
-
-
 def tiny_causal_lm(arch: str = "qwen2", *, seed: int = 0, vocab_size: int = 64, layers: int = 2,
                    attention_bias: bool = False):
-    """A random causal LM of a transformers architecture (TINY_ARCHS; no tokenizer) for the tests: hidden 64, 4
-    heads over 2 KV heads, weights drawn with a spread of 0.3 (at the default 0.02 a random model repeats one
-    token forever, and exactness tests could not tell outputs apart); StarCoder2's LayerNorms and Qwen3's q/k
-    norms random (`randomize_norms`); Mistral's and StarCoder2's sliding window off. attention_bias: Llama's
-    q/k/v/o biases (Qwen2 always has q/k/v biases)."""
+    """A random causal LM of an architecture the verifiers run (ops.SUPPORTED_ARCHS; no tokenizer) for the
+    tests: hidden 64, 4 heads over 2 KV heads, weights drawn with a spread of 0.3 (at the default 0.02 a random
+    model repeats one token forever, and exactness tests could not tell outputs apart); StarCoder2's LayerNorms
+    and Qwen3's q/k norms random (`randomize_norms`); Mistral's and StarCoder2's sliding window off.
+    attention_bias: Llama's q/k/v/o biases (Qwen2 always has q/k/v biases)."""
     import torch
     import transformers
 
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"tiny model: arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
+    from .ops import SUPPORTED_ARCHS  # here: the tokenizer builders above need no torch
+
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"tiny model: arch must be one of {', '.join(SUPPORTED_ARCHS)}, got {arch!r}")
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.3,
                   tie_word_embeddings=False)
