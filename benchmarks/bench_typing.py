@@ -1,7 +1,7 @@
 """A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
 
     .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12]
-        [--methods rest,plain[,ceiling][,rest-noask]]
+        [--methods rest,plain[,ceiling][,rest-noask][,llama.cpp [--llama-server PATH] [--llama-model GGUF]]]
         [--no-cancel] [--no-cursor] [--set KEY=VALUE ...] [--json OUT]
 
 An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
@@ -19,18 +19,27 @@ request is still its prefix is shown; the simulated person then accepts the part
 to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key,
 and types on after it.
 
+Every method has its own server, started one after another; then each body is typed by every method in turn
+(the order reversed from one body to the next), each server left to finish what it still computes before the
+next one's person types, so that the methods meet the machine in the same state (on a 2-core CPU the speed of
+one run can differ from the next by a fifth).
+
 Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
 rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
-p50/p95, characters typed vs accepted, server CPU seconds per typed character, model runs (started by keys,
-by requests, ahead), and the daemon's own figures. `--methods rest,plain,ceiling` adds a person who waits at
+p50/p95, characters typed vs accepted (and body by body, REST against plain), server CPU seconds per typed
+character, model runs (started by keys, by requests, ahead), and the daemon's own figures. `--methods rest,plain,ceiling` adds a person who waits at
 each pause for the whole suggestion (the first line, or the block; `predictBudgetMs: 0`): every exact method
 shows the model's same greedy text, so what that person accepts is about the most any of them can save, and
-ceiling / plain is the headroom left for a faster method in this rhythm.
+ceiling / plain is the headroom left for a faster method in this rhythm. `llama.cpp` is the peer people use
+today: llama.cpp's llama-server (`benchmarks/llama_server.sh` builds it) with the embedded model's own GGUF,
+driven as llama.vim drives it (benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and
+speculative requests), typed by the same person in the same rhythm.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import random
@@ -41,15 +50,20 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 from lsprotocol import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from llama_peer import InfillEditor, LlamaServer  # noqa: E402
 from lsp_client import Server  # noqa: E402
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
 from report import pct, write_json  # noqa: E402
+
+from rest_lsp.assets import gguf_path  # noqa: E402
+from rest_lsp.storage import cache_root  # noqa: E402
 
 DEBOUNCE_S = 0.150
 CURSOR_REST_S = 0.250
@@ -60,6 +74,7 @@ START_S = 1.0
 # more than this in the same rhythm (a shorter suggestion can end where a longer one is cut back to a word
 # start): it is the headroom left above plain decoding.
 CEILING = {"draftBudget": None, "predictBudgetMs": 0}
+PEER = "llama.cpp"  # llama-server driven as llama.vim drives it (benchmarks/llama_peer.py)
 WORD = re.compile(r"\w")
 _ids = itertools.count()
 
@@ -281,8 +296,29 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
     tally["typeable"] += sum(body.typed_mask)
 
 
-async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: Path, patient: bool = False,
-                     asks_again: bool = True) -> dict:
+@dataclass
+class MethodRun:
+    """One method's server and what its simulated person did so far."""
+
+    name: str
+    options: dict
+    server: Server
+    rng: random.Random
+    patient: bool
+    ready_s: float
+    cpu0: float
+    tally: dict = field(default_factory=lambda: {
+        "typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": [],
+        "late": 0, "empty": 0, "asked_again": 0})
+    trace: list | None = None
+    editor_type: Callable = None  # Editor (an LSP server) or InfillEditor (llama-server)
+    editor: Editor | InfillEditor | None = None
+    typing_s: float = 0.0
+    per_body: list = field(default_factory=list)
+
+
+async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, patient: bool = False,
+                       asks_again: bool = True) -> MethodRun:
     server = Server(log_dir / name)
     server.suggestion_ready = asks_again  # False: a client that does not take rest/suggestionReady
     await server.start()
@@ -293,34 +329,72 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
     folder = (st.get("datastore") or {}).get("folders", [{}])[0]
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
-    rng = random.Random(args.seed)
-    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": [],
-             "late": 0, "empty": 0, "asked_again": 0}
-    trace: list | None = [] if args.trace else None
-    cpu0 = server.cpu_seconds()
-    t_typing = time.perf_counter()
-    n = 0
-    for path, opened, bodies in files:
-        ed = Editor(server, path, opened)
-        for body in bodies:
-            if n >= args.limit:
-                break
-            await type_body(ed, body, rng, not args.no_cancel, not args.no_cursor, tally, trace, patient)
-            n += 1
-            print(f"[{name}] body {n}: typed {tally['typed']}, accepted {tally['accepted']}, pauses {tally['pauses']}, "
-                  f"shown {tally['shown']}", file=sys.stderr)
-    typing_s = time.perf_counter() - t_typing
+    await wait_quiet(server)
+    return MethodRun(name, options, server, random.Random(args.seed), patient, ready_s, server.cpu_seconds(),
+                     trace=[] if args.trace else None, editor_type=Editor)
+
+
+async def start_peer(name: str, args, log_dir: Path) -> MethodRun:
+    """llama.cpp's llama-server with a llama.vim-style client (benchmarks/llama_peer.py)."""
+    binary = Path(args.llama_server) if args.llama_server else cache_root() / "llama.cpp" / "llama-server"
+    if not binary.is_file():
+        raise SystemExit(f"the llama.cpp method needs llama-server: {binary} is missing (bash "
+                         "benchmarks/llama_server.sh builds it there), or give --llama-server PATH")
+    model = Path(args.llama_model) if args.llama_model else gguf_path()
+    server = LlamaServer(binary, model, log_dir / name, threads=args.llama_threads)
+    t0 = time.perf_counter()
+    await server.start()
+    await server.wait_ready()
+    ready_s = time.perf_counter() - t0
+    print(f"[{name}] ready in {ready_s:.1f} s ({model.name})", file=sys.stderr)
+    await wait_quiet(server)
+    return MethodRun(name, {"server": str(binary), "model": str(model), "lines": args.llama_lines}, server,
+                     random.Random(args.seed), False, ready_s, server.cpu_seconds(),
+                     trace=[] if args.trace else None,
+                     editor_type=functools.partial(InfillEditor, n_prefix=args.llama_lines[0], n_suffix=args.llama_lines[1]))
+
+
+async def type_next(run: MethodRun, path: Path, opened: str, body: Body, args) -> None:
+    """The method's person types one body (opening its file first when it is the next file)."""
+    if run.editor is None or run.editor.uri != path.as_uri():
+        run.editor = run.editor_type(run.server, path, opened)
+    before = {k: run.tally[k] for k in ("typed", "accepted", "pauses", "shown")}
+    t0 = time.perf_counter()
+    await type_body(run.editor, body, run.rng, not args.no_cancel, not args.no_cursor, run.tally, run.trace,
+                    run.patient)
+    run.typing_s += time.perf_counter() - t0
+    run.per_body.append({k: run.tally[k] - v for k, v in before.items()})
+    t = run.tally
+    print(f"[{run.name}] body {len(run.per_body)}: typed {t['typed']}, accepted {t['accepted']}, "
+          f"pauses {t['pauses']}, shown {t['shown']}", file=sys.stderr)
+
+
+async def wait_quiet(server: Server, quiet_s: float = 0.5, cap_s: float = 20.0) -> None:
+    """Until the server has used (almost) no CPU for `quiet_s`: a suggestion it still decodes ahead must not run
+    while another method's person types."""
+    t_end, last = time.perf_counter() + cap_s, server.cpu_seconds()
+    while time.perf_counter() < t_end:
+        await asyncio.sleep(quiet_s)
+        now = server.cpu_seconds()
+        if now - last < 0.05 * quiet_s:
+            return
+        last = now
+
+
+async def finish_method(run: MethodRun) -> dict:
     await asyncio.sleep(0.5)
-    cpu = server.cpu_seconds() - cpu0
-    st = await server.stats(last=0)
-    await server.close()
+    cpu = run.server.cpu_seconds() - run.cpu0
+    st = await run.server.stats(last=0)
+    await run.server.close()
+    tally = run.tally
     lat = tally["shown_latency"]
     chars = tally["typed"] + tally["accepted"]
     return {
-        "options": options, "bodies": n, "ready_s": round(ready_s, 1), "typing_s": round(typing_s, 1),
+        "options": run.options, "bodies": len(run.per_body), "ready_s": round(run.ready_s, 1),
+        "typing_s": round(run.typing_s, 1), "per_body": run.per_body,
         "pauses": tally["pauses"], "shown": tally["shown"], "answered_empty": tally["empty"],
         "asked_again": tally["asked_again"],
-        "answered_after_the_next_key": tally["late"], "trace": trace,
+        "answered_after_the_next_key": tally["late"], "trace": run.trace,
         "shown_rate": round(tally["shown"] / tally["pauses"], 3) if tally["pauses"] else None,
         "shown_latency_ms_p50": pct(lat, 50), "shown_latency_ms_p95": pct(lat, 95),
         "shown_latency_ms_mean": round(statistics.mean(lat), 1) if lat else None,
@@ -329,13 +403,23 @@ async def run_method(name: str, options: dict, ws: Path, files, args, log_dir: P
         "accepted_share": round(tally["accepted"] / tally["typeable"], 3) if tally["typeable"] else None,
         "keys_saved_share": round(1 - tally["typed"] / chars, 3) if chars else None,
         "cpu_s": round(cpu, 1), "cpu_s_per_typed_char": round(cpu / max(1, tally["typed"]), 3),
-        "server": {k: st["totals"].get(k) for k in (
+        "server": st["totals"] if isinstance(run.server, LlamaServer) else {k: st["totals"].get(k) for k in (
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
             "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
             "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms",
             "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications", "ready_notices")},
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
     }
+
+
+def interleaved(bodies: list, names: list[str]) -> list[tuple[int, str]]:
+    """(body index, method) in the order they are typed: each body by every method in turn, the order reversed
+    from one body to the next, so that a method never types all its bodies while the machine is faster or slower
+    than while the others type theirs."""
+    out = []
+    for k in range(len(bodies)):
+        out += [(k, n) for n in (names if k % 2 == 0 else names[::-1])]
+    return out
 
 
 async def invoked_checks(ws: Path, root: Path, options: dict, log_dir: Path) -> dict:
@@ -406,9 +490,20 @@ async def main_async(args) -> dict:
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "methods": {}}
-        for name in args.methods.split(","):
-            report["methods"][name] = await run_method(name, {**methods[name], **extra}, ws, files, args, work / "logs",
-                                                       patient=name == "ceiling", asks_again=name != "rest-noask")
+        names = args.methods.split(",")
+        runs = {}
+        for name in names:  # one after another: a server loads and indexes while the others are idle
+            if name == PEER:
+                runs[name] = await start_peer(name, args, work / "logs")
+                continue
+            runs[name] = await start_method(name, {**methods[name], **extra}, ws, args, work / "logs",
+                                            patient=name == "ceiling", asks_again=name != "rest-noask")
+        bodies = [(path, opened, b) for path, opened, bs in files for b in bs][:args.limit]
+        for k, name in interleaved(bodies, names):
+            await type_next(runs[name], *bodies[k], args)
+            await wait_quiet(runs[name].server)
+        for name in names:
+            report["methods"][name] = await finish_method(runs[name])
         if not args.no_invoked:
             report["invoked"] = await invoked_checks(ws, root, {**methods["rest"], **extra}, work / "logs")
         return report
@@ -420,8 +515,24 @@ async def main_async(args) -> dict:
 
 
 def predictions(server: dict) -> str:
-    """Model runs started by keys (typing), by requests and as if a suggestion were accepted."""
+    """Model runs started by keys (typing), by requests and as if a suggestion were accepted (llama.cpp:
+    requests, of which speculative)."""
+    if "speculative" in server:
+        return f"{server['requests']} ({server['speculative']} ahead)"
     return "/".join(str(server.get(k) or 0) for k in ("typing_predictions", "predictions", "ahead_predictions"))
+
+
+def paired(rest: list[dict], other: list[dict], name: str = "plain") -> str:
+    """Body by body (the methods typed each body within a minute of each other): how often REST's person
+    accepted more characters than the other method's, and the mean difference with its standard error."""
+    diffs = [a["accepted"] - b["accepted"] for a, b in zip(rest, other)]
+    if not diffs:
+        return f"no body typed by both REST and {name}"
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    more, fewer = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return (f"body by body, characters accepted REST - {name}: mean {statistics.mean(diffs):+.1f} +- {se:.1f} "
+            f"(standard error, {len(diffs)} bodies); REST more in {more}, {name} more in {fewer}, "
+            f"equal in {len(diffs) - more - fewer}")
 
 
 def table(report: dict) -> str:
@@ -442,9 +553,16 @@ def table(report: dict) -> str:
                        f"{(sv.get('draft_nodes') or 0) / sv['steps']:.1f} draft nodes and "
                        f"{(sv.get('forward_ms') or 0) / sv['steps']:.0f} ms forward per step, "
                        f"{(sv.get('forward_ms') or 0) / sv['tokens']:.0f} ms per token")
+        if "prompt_n" in sv and sv.get("predicted_n"):
+            out.append(f"{m}: {sv['prompt_n']} prompt tokens in {sv['prompt_ms'] / 1000:.1f} s, {sv['predicted_n']} "
+                       f"tokens predicted at {sv['predicted_ms'] / sv['predicted_n']:.0f} ms per token; hints from "
+                       f"the cache {sv['hints_from_cache']}, typed through {sv['hints_typed_through']}")
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
+    for other in ("plain", PEER):
+        if "rest" in m and other in m:
+            out.append(paired(m["rest"]["per_body"], m[other]["per_body"], other))
     if "ceiling" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, ceiling / plain: {m['ceiling']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x "
                    "(about the most any exact method can accept)")
@@ -465,7 +583,14 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
     p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), ceiling (a person who "
                    "waits for each whole suggestion: about the most any exact method can save), rest-noask (REST "
-                   "with a client that does not ask again on rest/suggestionReady)")
+                   "with a client that does not ask again on rest/suggestionReady), llama.cpp (llama-server with a llama.vim-style "
+                   "client: benchmarks/llama_peer.py)")
+    p.add_argument("--llama-server", default=None, help="the llama-server binary for the llama.cpp method (default: "
+                   "<cache>/llama.cpp/llama-server, where benchmarks/llama_server.sh puts it)")
+    p.add_argument("--llama-model", default=None, help="its GGUF (default: the embedded model's own GGUF)")
+    p.add_argument("--llama-threads", type=int, default=2)
+    p.add_argument("--llama-lines", default="256,64", type=lambda v: tuple(int(x) for x in v.split(",")),
+                   help="lines above,below the cursor the llama.vim client sends (its defaults: 256,64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")

@@ -29,6 +29,12 @@ def capabilities(work_done_progress: bool = False, suggestion_ready: bool = True
     )
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def plain(obj):
     """Custom-request results as dicts (pygls hands them over as namedtuple-like objects)."""
     if hasattr(obj, "_asdict"):
@@ -138,8 +144,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return proc_cpu_seconds(self.proc.pid)
 
     def server_log(self) -> str:
         out = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""

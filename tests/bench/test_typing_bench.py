@@ -141,3 +141,16 @@ def test_an_empty_answer_is_asked_again_at_the_servers_notice(monkeypatch):
     assert tally["pauses"] == tally["empty"] == tally["asked_again"] == tally["shown"] == 3
     assert tally["accepted"] == len("beta") + len("gamma") + len("delta")
     assert all(60 <= ms < 400 for ms in tally["shown_latency"]), tally["shown_latency"]
+
+
+def test_methods_take_turns_body_by_body_in_alternating_order():
+    order = T.interleaved(["b0", "b1", "b2"], ["rest", "plain"])
+    assert order == [(0, "rest"), (0, "plain"), (1, "plain"), (1, "rest"), (2, "rest"), (2, "plain")]
+
+
+def test_the_paired_summary_counts_bodies_each_method_won():
+    rest = [{"accepted": a} for a in (10, 0, 5, 8)]
+    plain = [{"accepted": a} for a in (4, 3, 5, 1)]
+    line = T.paired(rest, plain)
+    assert "mean +2.5" in line and "REST more in 2, plain more in 1, equal in 1" in line, line
+    assert "4 bodies" in line
