@@ -27,13 +27,14 @@ one run can differ from the next by a fifth).
 Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
 rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
 p50/p95, characters typed vs accepted (and body by body, REST against plain), server CPU seconds per typed
-character, model runs (started by keys, by requests, ahead), and the daemon's own figures. `--methods rest,plain,ceiling` adds a person who waits at
-each pause for the whole suggestion (the first line, or the block; `predictBudgetMs: 0`): every exact method
-shows the model's same greedy text, so what that person accepts is about the most any of them can save, and
-ceiling / plain is the headroom left for a faster method in this rhythm. `llama.cpp` is the peer people use
-today: llama.cpp's llama-server (`benchmarks/llama_server.sh` builds it) with the embedded model's own GGUF,
-driven as llama.vim drives it (benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and
-speculative requests), typed by the same person in the same rhythm.
+character, model runs (started by keys, by requests, ahead), and the daemon's own figures. `--methods
+rest,plain,ceiling` adds a person who waits at each pause for the whole suggestion (the first line, or the
+block; `predictBudgetMs: 0`): every exact method shows the model's same greedy text, so what that person
+accepts is about the most any of them can save, and ceiling / plain is the headroom left for a faster method
+in this rhythm. `llama.cpp` is the peer people use today: llama.cpp's llama-server
+(`benchmarks/llama_server.sh` builds it) with the embedded model's own GGUF, driven as llama.vim drives it
+(benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and speculative requests), typed
+by the same person in the same rhythm.
 """
 from __future__ import annotations
 
@@ -50,14 +51,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from lsprotocol import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_peer import InfillEditor, LlamaServer  # noqa: E402
+from llama_peer import N_PREFIX, N_SUFFIX, InfillEditor, LlamaServer  # noqa: E402
 from lsp_client import Server  # noqa: E402
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
 from report import pct, write_json  # noqa: E402
@@ -302,7 +303,8 @@ class MethodRun:
 
     name: str
     options: dict
-    server: Server
+    server: Server | LlamaServer
+    editor_type: Callable[..., Editor | InfillEditor]  # the document as this method's client keeps it
     rng: random.Random
     patient: bool
     ready_s: float
@@ -311,7 +313,6 @@ class MethodRun:
         "typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": [],
         "late": 0, "empty": 0, "asked_again": 0})
     trace: list | None = None
-    editor_type: Callable = None  # Editor (an LSP server) or InfillEditor (llama-server)
     editor: Editor | InfillEditor | None = None
     typing_s: float = 0.0
     per_body: list = field(default_factory=list)
@@ -330,8 +331,8 @@ async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, 
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
     await wait_quiet(server)
-    return MethodRun(name, options, server, random.Random(args.seed), patient, ready_s, server.cpu_seconds(),
-                     trace=[] if args.trace else None, editor_type=Editor)
+    return MethodRun(name, options, server, Editor, random.Random(args.seed), patient, ready_s,
+                     server.cpu_seconds(), trace=[] if args.trace else None)
 
 
 async def start_peer(name: str, args, log_dir: Path) -> MethodRun:
@@ -348,10 +349,10 @@ async def start_peer(name: str, args, log_dir: Path) -> MethodRun:
     ready_s = time.perf_counter() - t0
     print(f"[{name}] ready in {ready_s:.1f} s ({model.name})", file=sys.stderr)
     await wait_quiet(server)
-    return MethodRun(name, {"server": str(binary), "model": str(model), "lines": args.llama_lines}, server,
+    editor = functools.partial(InfillEditor, n_prefix=args.llama_lines[0], n_suffix=args.llama_lines[1])
+    return MethodRun(name, {"server": str(binary), "model": str(model), "lines": args.llama_lines}, server, editor,
                      random.Random(args.seed), False, ready_s, server.cpu_seconds(),
-                     trace=[] if args.trace else None,
-                     editor_type=functools.partial(InfillEditor, n_prefix=args.llama_lines[0], n_suffix=args.llama_lines[1]))
+                     trace=[] if args.trace else None)
 
 
 async def type_next(run: MethodRun, path: Path, opened: str, body: Body, args) -> None:
@@ -583,14 +584,15 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
     p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), ceiling (a person who "
                    "waits for each whole suggestion: about the most any exact method can save), rest-noask (REST "
-                   "with a client that does not ask again on rest/suggestionReady), llama.cpp (llama-server with a llama.vim-style "
-                   "client: benchmarks/llama_peer.py)")
+                   "with a client that does not ask again on rest/suggestionReady), llama.cpp (llama-server with a "
+                   "llama.vim-style client: benchmarks/llama_peer.py)")
     p.add_argument("--llama-server", default=None, help="the llama-server binary for the llama.cpp method (default: "
                    "<cache>/llama.cpp/llama-server, where benchmarks/llama_server.sh puts it)")
     p.add_argument("--llama-model", default=None, help="its GGUF (default: the embedded model's own GGUF)")
     p.add_argument("--llama-threads", type=int, default=2)
-    p.add_argument("--llama-lines", default="256,64", type=lambda v: tuple(int(x) for x in v.split(",")),
-                   help="lines above,below the cursor the llama.vim client sends (its defaults: 256,64)")
+    p.add_argument("--llama-lines", default=(N_PREFIX, N_SUFFIX),
+                   type=lambda v: tuple(int(x) for x in v.split(",")),
+                   help=f"lines above,below the cursor the llama.vim client sends (its defaults: {N_PREFIX},{N_SUFFIX})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")
