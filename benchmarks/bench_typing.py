@@ -529,10 +529,11 @@ def paired(rest: list[dict], other: list[dict], name: str = "plain") -> str:
     diffs = [a["accepted"] - b["accepted"] for a, b in zip(rest, other)]
     if not diffs:
         return f"no body typed by both REST and {name}"
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    spread = (f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.1f} (standard error, {len(diffs)} bodies)"
+              if len(diffs) > 1 else " (1 body: no standard error)")
     more, fewer = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    return (f"body by body, characters accepted REST - {name}: mean {statistics.mean(diffs):+.1f} +- {se:.1f} "
-            f"(standard error, {len(diffs)} bodies); REST more in {more}, {name} more in {fewer}, "
+    return (f"body by body, characters accepted REST - {name}: mean {statistics.mean(diffs):+.1f}{spread}; "
+            f"REST more in {more}, {name} more in {fewer}, "
             f"equal in {len(diffs) - more - fewer}")
 
 

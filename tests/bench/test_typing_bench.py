@@ -154,3 +154,9 @@ def test_the_paired_summary_counts_bodies_each_method_won():
     line = T.paired(rest, plain)
     assert "mean +2.5" in line and "REST more in 2, plain more in 1, equal in 1" in line, line
     assert "4 bodies" in line
+
+
+def test_the_paired_summary_of_one_body_has_no_standard_error():
+    line = T.paired([{"accepted": 7}], [{"accepted": 3}], name="llama.cpp")
+    assert "mean +4.0 (1 body: no standard error)" in line and "nan" not in line, line
+    assert "REST more in 1, llama.cpp more in 0, equal in 0" in line
