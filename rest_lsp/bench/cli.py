@@ -23,7 +23,7 @@ def _log(msg: str) -> None:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir, .gguf file or hub id (default: the embedded model)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "int8", "bf16", "fp16"])
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "int8", "int8w", "bf16", "fp16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 

@@ -57,8 +57,10 @@ class Drafter:
     # ---- one step ---------------------------------------------------------------------------------
     def draft(self, context: Sequence[int], budget: int | None, cost: CostModel | None = None) -> DraftTree:
         """The tree after `context` (its last token decided, not yet verified; a list, or the engine's int64
-        array). budget: draft nodes, or None to choose per step from c(q) (`cost`)."""
-        limit = self.max_draft_nodes if budget is None else budget
+        array). budget: draft nodes, or None to choose per step from c(q) (`cost`); never more than
+        max_draft_nodes (the engine reserves cache room for that many, and int8w's products are exact up to
+        it: rest_lsp/model/int8weight.py)."""
+        limit = self.max_draft_nodes if budget is None else min(budget, self.max_draft_nodes)
         if not self.sources or limit <= 0:
             return DraftTree.single(int(context[-1]))
         if budget is None and cost is None:

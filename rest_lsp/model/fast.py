@@ -20,9 +20,10 @@ kinds
     auto      screened where the CPU has native bf16 dot products, else packed; eager where the model is
               not supported (architecture other than Qwen2/Llama, not on a CPU)
 
-An int8 model (rest_lsp/model/int8row.py: per-row W8A8) runs its own Int8RowLinear modules here, q/k/v and
-gate/up fused (bit-identical to the separate products), its int8 LM head as is (exact logits at that
-precision, so no screening); `packed`, `screened` and `auto` all give that path.
+An int8 model (rest_lsp/model/int8row.py: per-row W8A8; int8weight.py: weight-only int8 with bf16 products)
+runs its own quantized modules here, q/k/v and gate/up fused (bit-identical to the separate products), its
+int8 LM head as is (exact logits at that precision, so no screening); `packed`, `screened` and `auto` all give
+that path.
 
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
 exactly what plain decoding with that same verifier emits (tests/model/test_fast.py).
@@ -40,11 +41,13 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-from .int8row import Int8RowLinear, is_int8
+from .int8row import Int8RowLinear
+from .int8weight import Int8WeightLinear
 from .ops import (MLP_GATED, SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_act, mlp_names, norm,
                   norm_params, rope)
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
+QUANTIZED = (Int8RowLinear, Int8WeightLinear)  # int8 linear layers the fast verifier runs as they are
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -78,7 +81,7 @@ def _check_supported(model: Any) -> None:
     if not params or any(p.device.type != "cpu" for p in params):
         raise UnsupportedModel("fast verifier: CPU models only")
     if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
-        raise UnsupportedModel("fast verifier: fp32, bf16 or per-row int8 (Int8RowLinear) weights only")
+        raise UnsupportedModel("fast verifier: fp32, bf16 or int8 (Int8RowLinear, Int8WeightLinear) weights only")
     if any(p.dtype == torch.bfloat16 for p in params) and not bf16_packing_available():
         raise UnsupportedModel(f"fast verifier: bf16 weights {_NO_BF16}")
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -90,8 +93,8 @@ def _check_supported(model: Any) -> None:
     if not all(isinstance(n, torch.nn.LayerNorm) or hasattr(n, "variance_epsilon") for n in norms):
         raise UnsupportedModel("fast verifier: norms must be RMSNorm (Llama-style) or LayerNorm")
     linears.append(model.get_output_embeddings())
-    if not all(isinstance(m, (torch.nn.Linear, Int8RowLinear)) for m in linears):
-        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an Int8RowLinear "
+    if not all(isinstance(m, (torch.nn.Linear, *QUANTIZED)) for m in linears):
+        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an int8 module "
                                "(torch's quantize_dynamic int8 modules are not supported)")
     if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
         raise UnsupportedModel("fast verifier: a per-head norm of the queries or of the keys alone")
@@ -129,6 +132,14 @@ def _cat_bias(*mods) -> torch.Tensor | None:
                       for b, m in zip(biases, mods)])
 
 
+def _int8_weight(packed: bool, min_rows: int, *mods: Int8WeightLinear) -> Int8WeightLinear:
+    """The layers' int8 products fused, and their float layers (prompt chunks) fused into one packed Dense."""
+    wides = [m.wide for m in mods]
+    wide = None if any(w is None for w in wides) else \
+        Dense(torch.cat([w.weight for w in wides]), _cat_bias(*wides), packed, min_rows)
+    return Int8WeightLinear.fuse(*mods, wide=wide)
+
+
 class Norm(torch.nn.Module):
     """A transformers norm's weights, detached (`ops.norm_params`), applied as transformers applies them."""
 
@@ -163,6 +174,13 @@ class Layer(torch.nn.Module):
             self.o: torch.nn.Module = a.o_proj
             self.mlp_in: torch.nn.Module = Int8RowLinear.fuse(*mlp_in) if self.gated else mlp_in[0]
             self.down: torch.nn.Module = mlp_out
+            return
+        if isinstance(a.q_proj, Int8WeightLinear):
+            # int8 weights for verification, their float layers packed for prompt chunks
+            self.qkv = _int8_weight(packed, min_rows, a.q_proj, a.k_proj, a.v_proj)
+            self.o = _int8_weight(packed, min_rows, a.o_proj)
+            self.mlp_in = _int8_weight(packed, min_rows, *mlp_in)
+            self.down = _int8_weight(packed, min_rows, mlp_out)
             return
         self.qkv = Dense(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                          _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed, min_rows)
@@ -309,7 +327,7 @@ class StaticLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
         self.norm = Norm(model.model.norm)
         head = model.get_output_embeddings()
-        if isinstance(head, Int8RowLinear):
+        if isinstance(head, QUANTIZED):
             self.head: torch.nn.Module = head  # exact logits at int8 precision
         elif screen and getattr(head, "bias", None) is None and head.weight.dtype == torch.float32:
             self.head: torch.nn.Module = ScreenedHead(head.weight, min_rows)
@@ -378,7 +396,7 @@ class FastVerifier(SlotCache):
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
         if screen and not bf16_packing_available():
             raise UnsupportedModel(f"fast verifier: the screened head's bf16 copy and product {_NO_BF16}")
-        if compiled and is_int8(model):
+        if compiled and any(isinstance(m, QUANTIZED) for m in model.modules()):
             raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)

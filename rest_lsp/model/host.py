@@ -10,7 +10,9 @@
 
 Device "auto" is CUDA when available, else CPU. Precision "auto" is bf16 on CUDA (fp16 where the GPU has
 no bf16) and fp32 on CPU; "int8" (CPU only) replaces the decoder's nn.Linear layers and the LM head by per-row
-W8A8 int8 products (rest_lsp/model/int8row.py: batch-invariant, so speculation stays exact), activations fp32.
+W8A8 int8 products (rest_lsp/model/int8row.py: batch-invariant, so speculation stays exact), activations fp32;
+"int8w" (CPU only) by weight-only int8 with bf16 products (rest_lsp/model/int8weight.py: a quarter of fp32's
+bytes per step, activations otherwise fp32, batch-invariant too).
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from rest_lsp.storage import atomic_dir, cache_root, file_lock
 
 from .prompts import FimFormat, build_prompt, context_limit, decode_as_continuation, resolve_fim, stop_token_ids
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int8w")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
+           "int8w": torch.float32}
 EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"
 
 
@@ -44,7 +47,7 @@ class LoadedModel:
     tokenizer: Any                 # transformers PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype             # activation dtype (fp32 for int8: norms, attention, embeddings)
-    precision: str                 # "fp32" | "int8" | "bf16" | "fp16"
+    precision: str                 # "fp32" | "int8" | "int8w" | "bf16" | "fp16"
     name: str
     fim: FimFormat | None
     path: Path | None = None       # the directory the weights were loaded from (None: hub cache)
@@ -106,8 +109,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         if device.type == "mps":
             return "fp16"
         return "fp32"
-    if precision == "int8" and device.type != "cpu":
-        raise ModelLoadError("precision int8 (per-row W8A8, torch._int_mm) runs on the CPU only; "
+    if precision in ("int8", "int8w") and device.type != "cpu":
+        raise ModelLoadError(f"precision {precision} (int8 products on the CPU) runs on the CPU only; "
                              f"use bf16/fp16 on {device.type}")
     return precision
 
@@ -238,6 +241,16 @@ def quantize_int8(model):
         raise ModelLoadError(f"precision int8: {e}; use fp32 or bf16") from e
 
 
+def quantize_int8w(model):
+    """Weight-only int8 for the decoder's linear layers and the LM head (rest_lsp/model/int8weight.py)."""
+    from .int8weight import quantize_weights
+
+    try:
+        return quantize_weights(model)
+    except (RuntimeError, ValueError) as e:
+        raise ModelLoadError(f"precision int8w: {e}; use fp32 or bf16") from e
+
+
 def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", precision: str = "auto",
                fim: str | FimFormat | None = "auto", attn_implementation: str | None = None) -> LoadedModel:
     """Load a causal LM for completion. See the module docstring for `spec`, `device`, `precision`.
@@ -263,6 +276,8 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
     model.requires_grad_(False)
     if prec == "int8":
         model = quantize_int8(model)
+    elif prec == "int8w":
+        model = quantize_int8w(model)
     else:
         model.to(dev)
     if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:

@@ -183,7 +183,7 @@ def onednn_exact() -> bool:
     return onednn_available() and _exact_sums(kernel)
 
 
-def _linears(model: Any, head: bool) -> Iterable[tuple[torch.nn.Module, str]]:
+def linear_slots(model: Any, head: bool) -> Iterable[tuple[torch.nn.Module, str]]:
     """(parent, attribute) of every nn.Linear in the decoder layers, and of the LM head if `head`."""
     for parent in model.model.layers.modules():
         for name, child in parent.named_children():
@@ -204,7 +204,7 @@ def quantize_model(model: Any, head: bool | None = None) -> Any:
     head = QUANTIZE_HEAD if head is None else head
     if not int_mm_exact():
         raise RuntimeError("int8: torch._int_mm is unavailable or not exact on this CPU/torch build")
-    for parent, name in list(_linears(model, head)):
+    for parent, name in list(linear_slots(model, head)):
         lin = getattr(parent, name)
         setattr(parent, name, Int8RowLinear.from_linear(lin))
         del lin

@@ -11,7 +11,10 @@ plain greedy decoding at that precision emits.
 Per-row int8 (rest_lsp/model/int8row.py) is cheaper still on such a CPU, but it is a coarser model: W8A8 can
 cost completion quality where activations have outliers. So int8 joins the timing only for a model whose
 first-line exact match (benchmarks/bench_layout.py) was measured within INT8_MAX_LOSS points of bf16's on the
-same cases (INT8_QUALITY); elsewhere it stays opt-in (`precision: int8`). Figures: docs/cpu.md.
+same cases (INT8_QUALITY); elsewhere it stays opt-in (`precision: int8`). Weight-only int8 with bf16 products
+(rest_lsp/model/int8weight.py, `int8w`) keeps fp32 activations and loses less; it joins the timing for a model
+whose first-line exact match was measured within INT8_MAX_LOSS points of fp32's (INT8W_QUALITY) on a CPU where
+its kernel is batch-invariant. Figures: docs/cpu.md.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ PROMPT_CHUNK = 64  # the warm-up chunk: what typing costs
 STEPS = 6  # one-token steps timed (the median counts)
 # the cost a completion pays: a prompt chunk plus this many decoding steps (a short suggestion)
 STEPS_PER_COMPLETION = 8
-MEASURE_VERSION = 2  # 2: an "int8" entry and choice (for models in INT8_QUALITY within INT8_MAX_LOSS)
+MEASURE_VERSION = 3  # 2: an "int8" entry and choice (INT8_QUALITY); 3: "int8w" (INT8W_QUALITY)
 
 # first-line exact match, int8 minus bf16, in points (benchmarks/bench_layout.py --layouts line@body, the same
 # cases; docs/cpu.md), per model name. A model missing here is not a candidate: its loss is unknown.
@@ -40,6 +43,10 @@ INT8_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": -2.5,  # 85 vs 91 of 240 boltons lines (2026-11-30): opt-in only
 }
 INT8_MAX_LOSS = 2.0  # points of first-line exact match int8 may lose against bf16 and still be chosen
+# the same for weight-only int8 (int8w), against fp32 on the same cases
+INT8W_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-0.5B-Instruct": -0.8,  # 89 vs 91 of 240 boltons lines (2026-12-02, AVX-512 Xeon)
+}
 
 
 def cpu_name() -> str:
@@ -52,12 +59,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cache_path(model_name: str, int8: bool = False) -> Path:
+def _cache_path(model_name: str, int8: bool = False, int8w: bool = False) -> Path:
     from rest_lsp.engine.cost import cache_dir
 
-    # int8 in the key: a model that becomes a candidate (INT8_QUALITY) is measured again, with int8
+    # the candidates in the key: a model that becomes one (INT8_QUALITY, INT8W_QUALITY) is measured again
     key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}" \
-        + ("-int8" if int8 else "")
+        + ("-int8" if int8 else "") + ("-int8w" if int8w else "")
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 
@@ -95,16 +102,27 @@ def int8_candidate(model_name: str) -> bool:
     return loss is not None and loss >= -INT8_MAX_LOSS and int_mm_exact()
 
 
+def int8w_candidate(model_name: str) -> bool:
+    """int8w may be chosen for this model: its measured quality loss against fp32 is within INT8_MAX_LOSS, and
+    its kernel is batch-invariant on this CPU."""
+    from .int8weight import weight_int8_exact
+
+    loss = INT8W_QUALITY.get(model_name)
+    return loss is not None and loss >= -INT8_MAX_LOSS and weight_int8_exact()
+
+
 def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
-    """("fp32" | "bf16" | "int8", the measurements) for a model loaded in fp32 on the CPU: the cheapest by
-    completion_ms among fp32, bf16 (native bf16 dot products only) and int8 (int8_candidate models only)."""
+    """("fp32" | "bf16" | "int8" | "int8w", the measurements) for a model loaded in fp32 on the CPU: the
+    cheapest by completion_ms among fp32, bf16 (native bf16 dot products only), int8 (int8_candidate models
+    only) and int8w (int8w_candidate models only)."""
     from .fast import cpu_has_bf16
     from .verifiers import make_verifier_or_eager
 
     bf16_ok, int8_ok = cpu_has_bf16(), int8_candidate(loaded_fp32.name)
-    if not bf16_ok and not int8_ok:
+    int8w_ok = int8w_candidate(loaded_fp32.name)
+    if not (bf16_ok or int8_ok or int8w_ok):
         return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 is opt-in for this model"}
-    path = _cache_path(loaded_fp32.name, int8_ok)
+    path = _cache_path(loaded_fp32.name, int8_ok, int8w_ok)
     if not force:
         try:
             data = json.loads(path.read_text())
@@ -112,7 +130,8 @@ def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
         except (OSError, ValueError, KeyError):
             pass
     timed = {"fp32": time_forwards(make_verifier_or_eager(loaded_fp32, "auto", max_len=512), loaded_fp32.vocab_size)}
-    for name, ok, convert in (("bf16", bf16_ok, _bf16_copy), ("int8", int8_ok, _int8_copy)):
+    for name, ok, convert in (("bf16", bf16_ok, _bf16_copy), ("int8", int8_ok, _int8_copy),
+                              ("int8w", int8w_ok, _int8w_copy)):
         if ok:
             model = convert(loaded_fp32.model)
             timed[name] = time_forwards(make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
@@ -141,6 +160,24 @@ def _int8_copy(model):
     from .int8row import quantize_model
 
     return quantize_model(copy.deepcopy(model))
+
+
+def _int8w_copy(model):
+    import copy
+
+    from .int8weight import quantize_weights
+
+    return quantize_weights(copy.deepcopy(model))
+
+
+def as_int8w(loaded):
+    """The same LoadedModel with weight-only int8 linear layers (converted in place; activations stay fp32)."""
+    import dataclasses
+
+    from .int8weight import quantize_weights
+
+    quantize_weights(loaded.model)
+    return dataclasses.replace(loaded, dtype=torch.float32, precision="int8w")
 
 
 def as_int8(loaded):

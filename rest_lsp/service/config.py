@@ -20,7 +20,7 @@ MODEL_KEYS = frozenset({"model", "device", "precision"})
 class ServerConfig:
     model: str | None = None            # model dir / hub id / .gguf; None: the embedded Qwen2.5-Coder-0.5B
     device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
-    precision: str = "auto"             # "auto" | "fp32" | "int8" | "bf16" | "fp16"
+    precision: str = "auto"             # "auto" | "fp32" | "int8" | "int8w" | "bf16" | "fp16"
     corpus: str | None = None           # a datastore built with `rest-index` (optional)
     draft_budget: int | None = None     # draft tree nodes per step; None: calibrated, 0: plain decoding
     max_tokens: int = 64                # new tokens per completion
@@ -85,8 +85,8 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
         return list(value)
     if not isinstance(value, str):
         raise ValueError(f"{name}: expected a string, got {value!r}")
-    if name == "precision" and value not in {"auto", "fp32", "int8", "bf16", "fp16"}:
-        raise ValueError(f"precision: expected auto|fp32|int8|bf16|fp16, got {value!r}")
+    if name == "precision" and value not in {"auto", "fp32", "int8", "int8w", "bf16", "fp16"}:
+        raise ValueError(f"precision: expected auto|fp32|int8|int8w|bf16|fp16, got {value!r}")
     if name == "layout" and value not in {"auto", "line", "psm", "spm"}:
         raise ValueError(f"layout: expected auto|line|psm|spm, got {value!r}")
     return value

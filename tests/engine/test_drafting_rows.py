@@ -233,3 +233,17 @@ def test_the_workspace_set_answers_rows_as_its_search():
             assert found.match_len == ref.match_len
             assert row_tuples(found.rows, found.weights) == [(c.tokens, c.weight) for c in ref.continuations]
     assert stores.search_rows([99, 98], max_len=3).match_len == 0
+
+
+def test_an_explicit_budget_never_draws_more_than_max_draft_nodes():
+    """The engine reserves cache room for max_draft_nodes, and int8w verifies exactly only up to it."""
+    context = ContextSource()
+    text = list(range(40, 60)) * 6
+    context.set_buffer("open", text)
+    prompt = text[:25]
+    wide = Drafter([(context, 1.0)], max_draft_nodes=64)
+    narrow = Drafter([(context, 1.0)], max_draft_nodes=3)
+    for d in (wide, narrow):
+        d.begin(prompt)
+    assert len(wide.draft(prompt, 10)) == 11  # root + 10: the context holds enough continuations
+    assert len(narrow.draft(prompt, 10)) == 4

@@ -1,6 +1,6 @@
 """Exactness in every precision the CPU offers, against an independent reference.
 
-The model is loaded as the daemon loads it (rest_lsp.model.host.load_model: fp32, bf16, fp16, int8), the
+The model is loaded as the daemon loads it (rest_lsp.model.host.load_model: fp32, bf16, fp16, int8, int8w), the
 engine decodes with forced drafts (the true continuation plus a wrong branch at every token, so that trees
 are verified and partly accepted), and its output must be token for token what transformers' own `generate`
 gives for the same loaded model (greedy, its KV cache, one token per forward): never engine against engine.
@@ -40,7 +40,7 @@ def hf_generate(model, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("verifier", ["eager", "auto"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8", "int8w"])
 def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
     from rest_lsp.model.host import load_model
     from rest_lsp.model.verifiers import make_verifier_or_eager
@@ -55,5 +55,5 @@ def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
     engine = Engine(lm, [(source, 1.0)], verifier=make_verifier_or_eager(lm, verifier), eos_token_ids=[])
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=8))
     assert res.tokens == ref, (precision, verifier)
-    # the forced drafts were verified and accepted (int8 too: its per-row products are batch-invariant)
+    # the forced drafts were verified and accepted (int8 and int8w too: their products are batch-invariant)
     assert res.steps < N / 2, res.accepted

@@ -331,6 +331,60 @@ def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
         assert steps < plain_steps
 
 
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3), ("starcoder2", 9)])
+def test_int8_weight_tree_speculation_emits_plain_greedy(kind, seed):
+    """Weight-only int8 with bf16 products (rest_lsp/model/int8weight.py), eager and fast verifiers: plain
+    decoding equal, tree speculation equal to plain decoding on each, and a prompt longer than FLOAT_ROWS
+    encoded by the float layers (packed in the fast verifier) as the eager model encodes it."""
+    import copy
+
+    from rest_lsp.model import int8weight
+    from rest_lsp.model.int8weight import Int8WeightLinear, quantize_weights
+
+    model = quantize_weights(copy.deepcopy(tiny(kind, seed)))
+    assert all(isinstance(m, Int8WeightLinear) for m in model.model.layers[0].children() for m in m.children()
+               if "Linear" in type(m).__name__)
+    assert isinstance(model.get_output_embeddings(), Int8WeightLinear)
+    hf, fast = HFVerifier(model), FastVerifier(model, max_len=512)
+    for x in (prompt(seed, 9), prompt(seed, int8weight.FLOAT_ROWS + 40)):
+        n = 32
+        hf.truncate(0)
+        fast.truncate(0)
+        plain, plain_steps = greedy(hf, x, n)
+        assert len(set(plain)) > 3
+        assert greedy(fast, x, n)[0] == plain
+        for verifier in (hf, fast):
+            spec, steps = greedy(verifier, x, n, truth=plain, seed=seed, max_nodes=9)
+            assert spec == plain
+            assert steps < plain_steps
+
+
+def test_int8_weight_rows_round_alike_and_prompt_chunks_take_the_float_layer():
+    """A row's output is the same bits alone and among other rows, fused layers equal their parts, the int8
+    product is close to the float layer's, and a call of more than FLOAT_ROWS rows is the float layer's."""
+    from rest_lsp.model import int8weight
+    from rest_lsp.model.int8weight import Int8WeightLinear
+
+    torch.manual_seed(3)
+    g = torch.Generator().manual_seed(3)
+    lin, other = torch.nn.Linear(128, 96), torch.nn.Linear(128, 40, bias=False)
+    a, b = Int8WeightLinear.from_linear(lin), Int8WeightLinear.from_linear(other)
+    fused = Int8WeightLinear.fuse(a, b)
+    n = int8weight.FLOAT_ROWS  # the most rows a call keeps on the int8 product
+    x = torch.randn(n, 128, generator=g) * torch.logspace(-2, 2, n)[:, None]
+    alone = torch.cat([fused(x[i:i + 1]) for i in range(n)])
+    assert torch.equal(fused(x), alone)
+    assert torch.equal(fused(x), torch.cat([a(x), b(x)], dim=1))
+    ref = lin(x)
+    rel = (a(x) - ref).norm() / ref.norm()
+    assert 0 < rel < 0.02, rel  # quantized (not the float layer), and close to it
+    wide = torch.randn(int8weight.FLOAT_ROWS + 1, 128, generator=g)
+    assert torch.equal(a(wide), lin(wide))
+    assert not torch.equal(a(wide[:-1]), lin(wide[:-1]))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Int8WeightLinear.from_linear(torch.nn.Linear(200, 8))
+
+
 def test_compiled_buckets_emit_plain_greedy():
     """The compile path at the smallest shapes (1 layer, one bucket of 4 serving q = 1..4 padded; inductor's
     default mode); the max-autotune variant runs with REST_LSP_SLOW_TESTS=1."""
@@ -347,7 +401,7 @@ def test_compiled_buckets_emit_plain_greedy():
 
 
 @pytest.mark.embedded
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int8w"])
 def test_embedded_model_auto_verifier_is_exact(precision):
     """On the embedded Qwen2.5-Coder-0.5B: the default fast verifier's plain decoding equals transformers',
     and tree speculation with it equals its plain decoding (int8: per-row W8A8, whose real activations have

@@ -102,3 +102,32 @@ def test_as_int8_converts_the_linear_layers(tiny):
     lm = as_int8(copy.deepcopy(tiny))
     assert lm.precision == "int8" and lm.dtype == torch.float32 and is_int8(lm.model)
     assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
+
+
+def test_int8w_chosen_where_its_quality_passed_even_without_native_bf16(tiny, monkeypatch, tmp_path):
+    from rest_lsp.model import fast, precision
+    from rest_lsp.model.int8weight import Int8WeightLinear
+
+    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
+    assert precision.choose(tiny)[0] == "fp32"  # no figure for this model: int8w is opt-in
+    monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)
+    calls = _ordered_timing(monkeypatch, precision, [5.0, 2.0, 5.0, 9.0])  # fp32, int8w (no bf16 on this CPU)
+    choice, data = precision.choose(tiny)
+    assert choice == "int8w" and set(data) >= {"fp32", "int8w"} and "bf16" not in data and len(calls) == 2
+    assert not any(isinstance(m, Int8WeightLinear) for m in tiny.model.modules())  # measured on a copy
+    assert precision.choose(tiny, force=True)[0] == "fp32"  # int8w dearer now: the cheapest wins
+    monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, -(precision.INT8_MAX_LOSS + 1))
+    assert precision.choose(tiny, force=True)[0] == "fp32" and len(calls) == 4  # a loss too large: not timed
+
+
+def test_as_int8w_converts_the_linear_layers_and_keeps_the_float_ones_for_prompts(tiny):
+    import copy
+
+    from rest_lsp.model.int8weight import Int8WeightLinear
+    from rest_lsp.model.precision import as_int8w
+
+    lm = as_int8w(copy.deepcopy(tiny))
+    assert lm.precision == "int8w" and lm.dtype == torch.float32
+    quantized = [m for m in lm.model.modules() if isinstance(m, Int8WeightLinear)]
+    assert len(quantized) == 7 * 2 + 1 and all(isinstance(m.wide, torch.nn.Linear) for m in quantized)
