@@ -34,7 +34,9 @@ accepts is about the most any of them can save, and ceiling / plain is the headr
 in this rhythm. `llama.cpp` is the peer people use today: llama.cpp's llama-server
 (`benchmarks/llama_server.sh` builds it) with the embedded model's own GGUF, driven as llama.vim drives it
 (benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and speculative requests), typed
-by the same person in the same rhythm.
+by the same person in the same rhythm. A method name may carry a precision, `rest@int8w,rest@fp32`: the same
+method on a server started with that `precision`, so two precisions meet the same bodies side by side (the
+body-by-body lines then compare the first method with each other one).
 """
 from __future__ import annotations
 
@@ -479,6 +481,17 @@ def parse_value(v: str):
         return v
 
 
+def method_options(name: str, extra: dict) -> tuple[str, dict]:
+    """A method's name without its precision, and its server settings: `rest@int8w` is REST with
+    `precision: int8w`; `extra` (--set) applies to every method."""
+    base, _, precision = name.partition("@")
+    methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING,
+               "rest-noask": {"draftBudget": None}}
+    if base not in methods:
+        raise SystemExit(f"unknown method {name!r}: one of {', '.join(methods)}, {PEER} (a precision after @)")
+    return base, {**methods[base], **extra, **({"precision": precision} if precision else {})}
+
+
 async def main_async(args) -> dict:
     root = fetch_project(args.project)
     work = Path(tempfile.mkdtemp(prefix="rest-lsp-typing."))
@@ -486,8 +499,6 @@ async def main_async(args) -> dict:
         ws, files = prepare(root, args.files, args.limit, args.seed, work)
         extra = dict(kv.split("=", 1) for kv in args.set)
         extra = {k: parse_value(v) for k, v in extra.items()}
-        methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING,
-                   "rest-noask": {"draftBudget": None}}
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "methods": {}}
@@ -497,8 +508,9 @@ async def main_async(args) -> dict:
             if name == PEER:
                 runs[name] = await start_peer(name, args, work / "logs")
                 continue
-            runs[name] = await start_method(name, {**methods[name], **extra}, ws, args, work / "logs",
-                                            patient=name == "ceiling", asks_again=name != "rest-noask")
+            base, options = method_options(name, extra)
+            runs[name] = await start_method(name, options, ws, args, work / "logs", patient=base == "ceiling",
+                                            asks_again=base != "rest-noask")
         bodies = [(path, opened, b) for path, opened, bs in files for b in bs][:args.limit]
         for k, name in interleaved(bodies, names):
             await type_next(runs[name], *bodies[k], args)
@@ -506,7 +518,7 @@ async def main_async(args) -> dict:
         for name in names:
             report["methods"][name] = await finish_method(runs[name])
         if not args.no_invoked:
-            report["invoked"] = await invoked_checks(ws, root, {**methods["rest"], **extra}, work / "logs")
+            report["invoked"] = await invoked_checks(ws, root, method_options("rest", extra)[1], work / "logs")
         return report
     finally:
         if not args.keep:
@@ -523,17 +535,17 @@ def predictions(server: dict) -> str:
     return "/".join(str(server.get(k) or 0) for k in ("typing_predictions", "predictions", "ahead_predictions"))
 
 
-def paired(rest: list[dict], other: list[dict], name: str = "plain") -> str:
-    """Body by body (the methods typed each body within a minute of each other): how often REST's person
-    accepted more characters than the other method's, and the mean difference with its standard error."""
+def paired(rest: list[dict], other: list[dict], name: str = "plain", ref: str = "REST") -> str:
+    """Body by body (the methods typed each body within a minute of each other): how often the person of `ref`
+    (REST) accepted more characters than the other method's, and the mean difference with its standard error."""
     diffs = [a["accepted"] - b["accepted"] for a, b in zip(rest, other)]
     if not diffs:
-        return f"no body typed by both REST and {name}"
+        return f"no body typed by both {ref} and {name}"
     spread = (f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.1f} (standard error, {len(diffs)} bodies)"
               if len(diffs) > 1 else " (1 body: no standard error)")
     more, fewer = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    return (f"body by body, characters accepted REST - {name}: mean {statistics.mean(diffs):+.1f}{spread}; "
-            f"REST more in {more}, {name} more in {fewer}, "
+    return (f"body by body, characters accepted {ref} - {name}: mean {statistics.mean(diffs):+.1f}{spread}; "
+            f"{ref} more in {more}, {name} more in {fewer}, "
             f"equal in {len(diffs) - more - fewer}")
 
 
@@ -562,9 +574,10 @@ def table(report: dict) -> str:
     m = report["methods"]
     if "rest" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
-    for other in ("plain", PEER):
-        if "rest" in m and other in m:
-            out.append(paired(m["rest"]["per_body"], m[other]["per_body"], other))
+    ref = next(iter(m), None)  # the first method against each other one, body by body
+    for other in list(m)[1:]:
+        if other != "ceiling":
+            out.append(paired(m[ref]["per_body"], m[other]["per_body"], other, "REST" if ref == "rest" else ref))
     if "ceiling" in m and "plain" in m and m["plain"]["chars_accepted"]:
         out.append(f"characters accepted, ceiling / plain: {m['ceiling']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x "
                    "(about the most any exact method can accept)")

@@ -13,12 +13,12 @@ attention, the residual stream) stays fp32. The product is torch's `_weight_int8
 gpt-fast's int8 mode uses on a CPU): each output element is one dot product over K whose order does not depend
 on how many rows or which other columns share the call, so a row's output is bit-identical alone or inside a
 draft tree's batch and REST over this model emits what its plain greedy decoding emits. `weight_int8_exact()`
-checks that on this CPU once per process (rows 1..FLOAT_ROWS, column blocks, fused layers); `int8w` is refused where
-it fails.
+checks that on this CPU once per process (rows 1..FLOAT_ROWS, column blocks, fused layers); `int8w` is refused
+where it fails.
 
 Prompt chunks take the float weights: the kernel passes over the weights once per few rows, so a 256-row chunk
-costs 2.2x fp32's product (whole-model linear layers, 2 threads, AVX-512 Xeon: 2,129 against 952 ms; 1 row 35
-against 79 ms, 8 rows 99 against 168). Quantizing keeps each layer's float module (`wide`), and a call of more
+costs 2.2x fp32's product (the model's linear layers, plain products, 2 threads, AVX-512 Xeon: 2,129 against 952
+ms; 1 row 35 against 79 ms, 8 rows 99 against 168; docs/cpu.md has the verifier's own figures). Quantizing keeps each layer's float module (`wide`), and a call of more
 than FLOAT_ROWS rows goes to it: the prompt is encoded at full precision and as fast as before, and every
 verification (a draft tree has at most max_draft_nodes + 1 = 65 rows) and every plain decoding step runs the
 int8 product, so trees and single rows still round alike. The float weights cost their memory as before.
@@ -39,10 +39,10 @@ _QMAX = 127.0
 # the kernel's vector loops read K in whole blocks: K = 200 crashed the process (torch 2.13, AVX-512), 208 and
 # every multiple of 16 tried did not; real models' widths are multiples of 64 (896, 4864, 4096, 11008)
 K_MULTIPLE = 64
-# calls with more rows (prompt chunks) take the float weights: a draft tree has at most max_draft_nodes + 1 = 65
-# rows (the engine's default; the daemon does not change it, and an explicit budget is capped by it); from about 16 rows on the float product is the
-# cheaper one (the embedded model's verifier after 300 cached tokens, AVX-512 Xeon: 64 rows 418 ms in int8w
-# against 270 ms in fp32, 1 row 46 against 102)
+# calls with more rows (prompt chunks) take the float weights. A draft tree has at most max_draft_nodes + 1 = 65
+# rows (the engine's default, which the daemon keeps; an explicit budget is capped by it). From about 16 rows on
+# the float product is the cheaper one (the embedded model's verifier after 300 cached tokens, AVX-512 Xeon:
+# 64 rows 418 ms in int8w against 270 ms in fp32, 1 row 46 against 102)
 FLOAT_ROWS = 65
 
 

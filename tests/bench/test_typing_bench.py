@@ -3,6 +3,8 @@ and typing them all in order gives back the original files."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_typing as T  # noqa: E402
@@ -160,3 +162,24 @@ def test_the_paired_summary_of_one_body_has_no_standard_error():
     line = T.paired([{"accepted": 7}], [{"accepted": 3}], name="llama.cpp")
     assert "mean +4.0 (1 body: no standard error)" in line and "nan" not in line, line
     assert "REST more in 1, llama.cpp more in 0, equal in 0" in line
+
+
+def test_a_method_may_carry_its_precision():
+    assert T.method_options("rest@int8w", {"maxTokens": 16}) == \
+        ("rest", {"draftBudget": None, "maxTokens": 16, "precision": "int8w"})
+    assert T.method_options("plain", {}) == ("plain", {"draftBudget": 0})
+    with pytest.raises(SystemExit, match="unknown method"):
+        T.method_options("fast@fp32", {})
+
+
+def test_the_first_method_is_compared_with_each_other_one_body_by_body():
+    per = lambda *a: {"per_body": [{"accepted": x} for x in a]}  # noqa: E731
+    base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,
+            "shown_latency_ms_p50": 1, "shown_latency_ms_p95": 1, "keys_typed": 9, "chars_accepted": 3,
+            "accepted_share": 0.3, "cpu_s_per_typed_char": 0.1, "server": {}}
+    report = {"methods": {"rest@int8w": {**base, **per(5, 9)}, "rest@fp32": {**base, **per(2, 9)},
+                          "plain@fp32": {**base, **per(1, 1)}}}
+    text = T.table(report)
+    assert "characters accepted rest@int8w - rest@fp32: mean +1.5" in text
+    assert "rest@int8w more in 1, rest@fp32 more in 0, equal in 1" in text
+    assert "characters accepted rest@int8w - plain@fp32: mean +6.0" in text
