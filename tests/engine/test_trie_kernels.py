@@ -122,7 +122,11 @@ def _reference_features(trie) -> np.ndarray:
 def test_features_rank_and_products_equal_their_definitions(seed):
     rng = np.random.default_rng(100 + seed)
     trie = mix_rows(1, _proposals(rng, 3))
-    assert np.array_equal(features(trie), _reference_features(trie))
+    got, ref = features(trie), _reference_features(trie)
+    assert np.array_equal(got[:, :-1], ref[:, :-1])
+    # the logit: numpy's log on an AVX-512 CPU is its own vectorized one, which can differ from the C library's
+    # (the compiled loop's) by one unit in the last place (seed 5 did on an Ice Lake Xeon)
+    np.testing.assert_array_max_ulp(got[:, -1], ref[:, -1], maxulp=1)
     cond = rng.random(len(trie))
     expect = cond.copy()
     for i in range(1, len(trie)):
