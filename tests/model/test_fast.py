@@ -12,6 +12,7 @@ from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
                                  sdpa_row_invariant)
+from rest_lsp.model.int8weight import weight_int8_exact
 from rest_lsp.model.tiny import tiny_causal_lm
 
 VOCAB = 96
@@ -331,6 +332,11 @@ def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
         assert steps < plain_steps
 
 
+# where the kernel is not batch-invariant int8w is refused at load (tests/model/test_precision.py)
+needs_int8w = pytest.mark.skipif(not weight_int8_exact(), reason="_weight_int8pack_mm not batch-invariant here")
+
+
+@needs_int8w
 @pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3), ("starcoder2", 9)])
 def test_int8_weight_tree_speculation_emits_plain_greedy(kind, seed):
     """Weight-only int8 with bf16 products (rest_lsp/model/int8weight.py), eager and fast verifiers: plain
@@ -359,6 +365,7 @@ def test_int8_weight_tree_speculation_emits_plain_greedy(kind, seed):
             assert steps < plain_steps
 
 
+@needs_int8w
 def test_int8_weight_rows_round_alike_and_prompt_chunks_take_the_float_layer():
     """A row's output is the same bits alone and among other rows, fused layers equal their parts, the int8
     product is close to the float layer's, and a call of more than FLOAT_ROWS rows is the float layer's."""
@@ -401,7 +408,7 @@ def test_compiled_buckets_emit_plain_greedy():
 
 
 @pytest.mark.embedded
-@pytest.mark.parametrize("precision", ["fp32", "int8", "int8w"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", pytest.param("int8w", marks=needs_int8w)])
 def test_embedded_model_auto_verifier_is_exact(precision):
     """On the embedded Qwen2.5-Coder-0.5B: the default fast verifier's plain decoding equals transformers',
     and tree speculation with it equals its plain decoding (int8: per-row W8A8, whose real activations have

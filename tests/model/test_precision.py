@@ -4,6 +4,8 @@ import json
 import pytest
 import torch
 
+from rest_lsp.model.int8weight import weight_int8_exact
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -104,6 +106,7 @@ def test_as_int8_converts_the_linear_layers(tiny):
     assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
 
 
+@pytest.mark.skipif(not weight_int8_exact(), reason="int8w is refused where its kernel is not batch-invariant")
 def test_int8w_chosen_where_its_quality_passed_even_without_native_bf16(tiny, monkeypatch, tmp_path):
     from rest_lsp.model import fast, precision
     from rest_lsp.model.int8weight import Int8WeightLinear
@@ -121,6 +124,7 @@ def test_int8w_chosen_where_its_quality_passed_even_without_native_bf16(tiny, mo
     assert precision.choose(tiny, force=True)[0] == "fp32" and len(calls) == 4  # a loss too large: not timed
 
 
+@pytest.mark.skipif(not weight_int8_exact(), reason="int8w is refused where its kernel is not batch-invariant")
 def test_as_int8w_converts_the_linear_layers_and_keeps_the_float_ones_for_prompts(tiny):
     import copy
 
@@ -131,3 +135,14 @@ def test_as_int8w_converts_the_linear_layers_and_keeps_the_float_ones_for_prompt
     assert lm.precision == "int8w" and lm.dtype == torch.float32
     quantized = [m for m in lm.model.modules() if isinstance(m, Int8WeightLinear)]
     assert len(quantized) == 7 * 2 + 1 and all(isinstance(m.wide, torch.nn.Linear) for m in quantized)
+
+
+def test_int8w_is_refused_where_its_kernel_is_not_batch_invariant(tiny, monkeypatch):
+    """The load fails with a clear message, and auto does not offer it, instead of speculating inexactly."""
+    from rest_lsp.model import host, int8weight, precision
+
+    monkeypatch.setattr(int8weight, "weight_int8_exact", lambda: False)
+    with pytest.raises(host.ModelLoadError, match="int8w.*batch-invariant"):
+        host.quantize_int8w(tiny.model)
+    monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, 0.0)
+    assert not precision.int8w_candidate(tiny.name)
