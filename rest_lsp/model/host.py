@@ -231,24 +231,16 @@ def _load_tokenizer(location, kind: str):
     return tokenizer
 
 
-def quantize_int8(model):
-    """Per-row W8A8 int8 for the decoder's linear layers and the LM head (rest_lsp/model/int8row.py)."""
+def quantize(model, precision: str):
+    """The decoder's linear layers and the LM head replaced in place: per-row W8A8 for "int8"
+    (rest_lsp/model/int8row.py), weight-only int8 for "int8w" (rest_lsp/model/int8weight.py)."""
     from .int8row import quantize_model
-
-    try:
-        return quantize_model(model)
-    except RuntimeError as e:
-        raise ModelLoadError(f"precision int8: {e}; use fp32 or bf16") from e
-
-
-def quantize_int8w(model):
-    """Weight-only int8 for the decoder's linear layers and the LM head (rest_lsp/model/int8weight.py)."""
     from .int8weight import quantize_weights
 
     try:
-        return quantize_weights(model)
+        return (quantize_model if precision == "int8" else quantize_weights)(model)
     except (RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"precision int8w: {e}; use fp32 or bf16") from e
+        raise ModelLoadError(f"precision {precision}: {e}; use fp32 or bf16") from e
 
 
 def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", precision: str = "auto",
@@ -274,10 +266,8 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
         raise _load_error(location, kind, "weights", e) from e
     model.eval()
     model.requires_grad_(False)
-    if prec == "int8":
-        model = quantize_int8(model)
-    elif prec == "int8w":
-        model = quantize_int8w(model)
+    if prec in ("int8", "int8w"):
+        model = quantize(model, prec)
     else:
         model.to(dev)
     if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:

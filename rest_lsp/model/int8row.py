@@ -123,11 +123,7 @@ class Int8RowLinear(torch.nn.Module):
         so the fused output is bit-identical to the separate outputs concatenated."""
         if len({m.in_features for m in mods}) != 1:
             raise ValueError("Int8RowLinear.fuse: layers must share their input size")
-        if any(m.bias is not None for m in mods):
-            bias = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features) for m in mods])
-        else:
-            bias = None
-        return cls(torch.cat([m.qweight for m in mods]), torch.cat([m.scale for m in mods]), bias)
+        return cls(torch.cat([m.qweight for m in mods]), torch.cat([m.scale for m in mods]), fused_bias(mods))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         lead = x.shape[:-1]
@@ -142,6 +138,13 @@ class Int8RowLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def fused_bias(mods) -> torch.Tensor | None:
+    """The fp32 bias of int8 layers fused along their outputs (zeros for a layer without one; None if none has)."""
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features) for m in mods])
 
 
 def _exact_sums(kernel) -> bool:

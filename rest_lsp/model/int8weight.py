@@ -18,10 +18,11 @@ where it fails.
 
 Prompt chunks take the float weights: the kernel passes over the weights once per few rows, so a 256-row chunk
 costs 2.2x fp32's product (the model's linear layers, plain products, 2 threads, AVX-512 Xeon: 2,129 against 952
-ms; 1 row 35 against 79 ms, 8 rows 99 against 168; docs/cpu.md has the verifier's own figures). Quantizing keeps each layer's float module (`wide`), and a call of more
-than FLOAT_ROWS rows goes to it: the prompt is encoded at full precision and as fast as before, and every
-verification (a draft tree has at most max_draft_nodes + 1 = 65 rows) and every plain decoding step runs the
-int8 product, so trees and single rows still round alike. The float weights cost their memory as before.
+ms; 1 row 35 against 79 ms, 8 rows 99 against 168; docs/cpu.md has the verifier's own figures). Quantizing keeps
+each layer's float module (`wide`), and a call of more than FLOAT_ROWS rows goes to it: the prompt is encoded at
+full precision and as fast as before, and every verification (a draft tree has at most max_draft_nodes + 1 = 65
+rows) and every plain decoding step runs the int8 product, so trees and single rows still round alike. The float
+weights cost their memory as before.
 
 The channel scale is rounded to bf16 before the weights are divided by it, so the product's bf16 scale is the
 scale the weights were quantized with (rounding it afterwards would skew every channel by up to 0.4%).
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .int8row import linear_slots
+from .int8row import fused_bias, linear_slots
 
 _QMAX = 127.0
 # the kernel's vector loops read K in whole blocks: K = 200 crashed the process (torch 2.13, AVX-512), 208 and
@@ -94,11 +95,9 @@ class Int8WeightLinear(torch.nn.Module):
         checks it on this CPU). `wide`: the fused float layer for prompt chunks (the caller's, packed)."""
         if len({m.in_features for m in mods}) != 1:
             raise ValueError("Int8WeightLinear.fuse: layers must share their input size")
-        if any(m.bias is not None for m in mods):
-            bias = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features) for m in mods])
-        else:
-            bias = None
-        return cls(torch.cat([m.qweight for m in mods]), torch.cat([m.scale for m in mods]), bias, wide)
+        if len(mods) == 1:  # a layer of its own (o, down) with another float layer: share its int8 buffers
+            return cls(mods[0].qweight, mods[0].scale, mods[0].bias, wide)
+        return cls(torch.cat([m.qweight for m in mods]), torch.cat([m.scale for m in mods]), fused_bias(mods), wide)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         lead = x.shape[:-1]
@@ -118,9 +117,9 @@ class Int8WeightLinear(torch.nn.Module):
 
 @functools.cache
 def weight_int8_exact() -> bool:
-    """Whether the kernel exists here and gives every row the same bits alone and inside batches of 2..FLOAT_ROWS rows
-    (whose other rows differ by 1000x in magnitude), and a fused layer the same bits as its parts (checked once
-    per process, at widths that leave partial column and row blocks)."""
+    """Whether the kernel exists here and gives every row the same bits alone and inside batches of
+    2..FLOAT_ROWS rows (whose other rows differ by 1000x in magnitude), and a fused layer the same bits as its
+    parts (checked once per process, at widths that leave partial column and row blocks)."""
     g = torch.Generator().manual_seed(0)
     try:
         a = Int8WeightLinear.from_weight(torch.randn(136, 256, generator=g))

@@ -121,7 +121,7 @@ def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
     bf16_ok, int8_ok = cpu_has_bf16(), int8_candidate(loaded_fp32.name)
     int8w_ok = int8w_candidate(loaded_fp32.name)
     if not (bf16_ok or int8_ok or int8w_ok):
-        return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 is opt-in for this model"}
+        return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 and int8w are opt-in for this model"}
     path = _cache_path(loaded_fp32.name, int8_ok, int8w_ok)
     if not force:
         try:
@@ -157,37 +157,36 @@ def _bf16_copy(model):
 def _int8_copy(model):
     import copy
 
-    from .int8row import quantize_model
+    from .host import quantize
 
-    return quantize_model(copy.deepcopy(model))
+    return quantize(copy.deepcopy(model), "int8")
 
 
 def _int8w_copy(model):
     import copy
 
-    from .int8weight import quantize_weights
+    from .host import quantize
 
-    return quantize_weights(copy.deepcopy(model))
+    return quantize(copy.deepcopy(model), "int8w")
+
+
+def _as_quantized(loaded, precision: str):
+    import dataclasses
+
+    from .host import quantize
+
+    quantize(loaded.model, precision)
+    return dataclasses.replace(loaded, dtype=torch.float32, precision=precision)
 
 
 def as_int8w(loaded):
     """The same LoadedModel with weight-only int8 linear layers (converted in place; activations stay fp32)."""
-    import dataclasses
-
-    from .int8weight import quantize_weights
-
-    quantize_weights(loaded.model)
-    return dataclasses.replace(loaded, dtype=torch.float32, precision="int8w")
+    return _as_quantized(loaded, "int8w")
 
 
 def as_int8(loaded):
     """The same LoadedModel with per-row int8 linear layers (converted in place; activations stay fp32)."""
-    import dataclasses
-
-    from .int8row import quantize_model
-
-    quantize_model(loaded.model)
-    return dataclasses.replace(loaded, dtype=torch.float32, precision="int8")
+    return _as_quantized(loaded, "int8")
 
 
 def as_bf16(loaded):

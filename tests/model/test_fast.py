@@ -320,9 +320,12 @@ def test_int8_tree_speculation_emits_plain_greedy(kind, seed):
     model = quantize_model(copy.deepcopy(tiny(kind, seed)))
     assert all(isinstance(m, Int8RowLinear) for m in model.model.layers[0].modules() if "Linear" in type(m).__name__)
     assert isinstance(model.get_output_embeddings(), Int8RowLinear)
-    hf, fast = HFVerifier(model), FastVerifier(model, max_len=256)
-    x = prompt(seed, 9)
-    n = 32
+    assert_speculation_exact(HFVerifier(model), FastVerifier(model, max_len=256), prompt(seed, 9), seed)
+
+
+def assert_speculation_exact(hf: Verifier, fast: Verifier, x: torch.Tensor, seed: int, n: int = 32) -> None:
+    """The eager and fast verifiers decode `x` plainly alike, and tree speculation on each equals that, in
+    fewer steps."""
     plain, plain_steps = greedy(hf, x, n)
     assert len(set(plain)) > 3
     assert greedy(fast, x, n)[0] == plain
@@ -353,16 +356,7 @@ def test_int8_weight_tree_speculation_emits_plain_greedy(kind, seed):
     assert isinstance(model.get_output_embeddings(), Int8WeightLinear)
     hf, fast = HFVerifier(model), FastVerifier(model, max_len=512)
     for x in (prompt(seed, 9), prompt(seed, int8weight.FLOAT_ROWS + 40)):
-        n = 32
-        hf.truncate(0)
-        fast.truncate(0)
-        plain, plain_steps = greedy(hf, x, n)
-        assert len(set(plain)) > 3
-        assert greedy(fast, x, n)[0] == plain
-        for verifier in (hf, fast):
-            spec, steps = greedy(verifier, x, n, truth=plain, seed=seed, max_nodes=9)
-            assert spec == plain
-            assert steps < plain_steps
+        assert_speculation_exact(hf, fast, x, seed)
 
 
 @needs_int8w

@@ -143,6 +143,6 @@ def test_int8w_is_refused_where_its_kernel_is_not_batch_invariant(tiny, monkeypa
 
     monkeypatch.setattr(int8weight, "weight_int8_exact", lambda: False)
     with pytest.raises(host.ModelLoadError, match="int8w.*batch-invariant"):
-        host.quantize_int8w(tiny.model)
+        host.quantize(tiny.model, "int8w")
     monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, 0.0)
     assert not precision.int8w_candidate(tiny.name)
