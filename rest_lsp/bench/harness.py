@@ -47,6 +47,7 @@ def prompt_row(p: BenchPrompt, run: Run, ar: Run | None) -> dict:
         "mean_accepted": decode_tokens / decode_steps if decode_steps else None,
         "retrieval_ms_p50": _pct(run.retrieval_ms, 50),
         "retrieval_ms_p99": _pct(run.retrieval_ms, 99),
+        "retrieval_ms": [round(ms, 4) for ms in run.retrieval_ms],  # every step's, for the tail's shape
         "mean_draft_nodes": float(np.mean(run.draft_nodes)) if run.draft_nodes else None,
         "accepted_sources": run.accepted_sources,
         "identical_to_ar": None if ar is None else run.tokens == ar.tokens,

@@ -34,6 +34,8 @@ def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
     for name in ("rest-paper", "rest"):
         m = r["methods"][name]
         assert m["retrieval_ms_p50"] is not None and m["retrieval_ms_p99"] >= m["retrieval_ms_p50"]
+        # every decoding step's drafting time is kept (the first token comes from the prefill, not a draft)
+        assert [len(p["retrieval_ms"]) for p in m["per_prompt"]] == [p["steps"] - 1 for p in m["per_prompt"]]
         assert m["mean_accepted"] >= 1.0
         # steps and tokens agree with M: each decoding step emits M tokens on average
         dec_tokens = m["tokens"] - 2

@@ -194,7 +194,7 @@ def test_search_cache_evicts_the_least_recently_used(monkeypatch):
     ds.set_live("buf", [1, 2, 3, 4, 5, 6])
     calls = []
     real = Datastore._search
-    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a[1]) or real(self, *a))
+    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a[1].tolist()) or real(self, *a))
     ds.search([1, 2])
     ds.search([2, 3])
     ds.search([1, 2])  # used again: [2, 3] is now the oldest

@@ -4,11 +4,13 @@ from __future__ import annotations
 import hashlib
 import random
 import shutil
+import time
 
 import msgpack
 import pytest
 from idx_helpers import contexts_from, random_file, results, source_lines, write_files
 
+import indexer.refresh as refresh_mod
 from indexer.store import Datastore
 from indexer.tokenizer import fingerprint, load_tokenizer
 from indexer.types import DatastoreNotFound, IndexerError, TokenizerMismatch
@@ -124,7 +126,7 @@ def test_unchanged_content_is_not_reindexed(tmp_path, bpe_tok_path):
 def test_a_second_reader_sees_the_writers_updates(tmp_path, bpe_tok_path):
     write_files(tmp_path / "r", {"a.py": "alpha beta gamma\n"})
     writer = Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
-    reader = Datastore.open(tmp_path / "ds")
+    reader = Datastore.open(tmp_path / "ds", auto_refresh=False)  # refreshed when asked only
     tok = writer.tokenizer
     q = tok.encode("delta epsilon", add_special_tokens=False).ids
     assert reader.search(q[:2]).match_len == 0
@@ -132,6 +134,38 @@ def test_a_second_reader_sees_the_writers_updates(tmp_path, bpe_tok_path):
     writer.update_paths([tmp_path / "r" / "b.py"])
     assert reader.refresh() is True
     assert reader.search(q[:2]).match_len == 2
+
+
+def test_a_searching_reader_picks_up_updates_without_reading_the_manifest(tmp_path, bpe_tok_path, monkeypatch):
+    """A reader opened with auto_refresh sees another writer's update by itself, and its searches never stat
+    the manifest: the refresh thread does (indexer/refresh.py), not the drafting step."""
+    import threading
+
+    import indexer.store as store_mod
+
+    write_files(tmp_path / "r", {"a.py": "alpha beta gamma\n"})
+    writer = Datastore.build([tmp_path / "r"], tmp_path / "ds", tokenizer=bpe_tok_path)
+    reader = Datastore.open(tmp_path / "ds")
+    q = writer.tokenizer.encode("delta epsilon", add_special_tokens=False).ids
+    signature, searcher, stats_here = store_mod.manifest_signature, threading.get_ident(), []
+
+    def counted(path):
+        if threading.get_ident() == searcher:
+            stats_here.append(path)
+        return signature(path)
+
+    monkeypatch.setattr(store_mod, "manifest_signature", counted)
+    assert reader.search(q[:2]).match_len == 0
+    (tmp_path / "r" / "b.py").write_text("delta epsilon zeta\n")
+    writer.update_paths([tmp_path / "r" / "b.py"])
+    stats_here.clear()  # the writer's own
+    deadline = time.monotonic() + 20
+    while reader.search(q[:2]).match_len != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert reader.search(q[:2]).match_len == 2
+    assert stats_here == []
+    reader.close()  # a closed store is no longer watched
+    assert reader not in list(refresh_mod._watched)
 
 
 def test_tokenizer_mismatch_names_both(tmp_path, bpe_tok_path, wide_tok_path):
