@@ -22,9 +22,9 @@ import numpy as np
 
 from . import discover as disc
 from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
-from .refresh import unwatch as unwatch_manifest, watch as watch_manifest
 from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
+from .refresh import unwatch as unwatch_manifest, watch as watch_manifest
 from rest_lsp.jit import njit
 from .shard import (ScanShard, Shard, sa_find, sa_longest, encode_kernel, id_rows_kernel, padded_ids,
                     rank_order_kernel, join_documents, kind_of, sentinel_for_width, sort_shard, width_for_vocab,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from indexer.types import IndexerError
 from rest_lsp.engine.history import HistoryError, HistoryFile, history_model_key, load_history, save_history
+from rest_lsp.model import PRECISIONS
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
 from rest_lsp.storage import write_bytes_atomic
 
@@ -23,7 +24,7 @@ def _log(msg: str) -> None:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir, .gguf file or hub id (default: the embedded model)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "int8", "int8w", "bf16", "fp16"])
+    p.add_argument("--precision", default="auto", choices=PRECISIONS)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 

@@ -29,9 +29,9 @@ import torch
 from rest_lsp.filenames import safe_filename
 from rest_lsp.storage import atomic_dir, cache_root, file_lock
 
+from . import PRECISIONS
 from .prompts import FimFormat, build_prompt, context_limit, decode_as_continuation, resolve_fim, stop_token_ids
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int8w")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
            "int8w": torch.float32}
 EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"

@@ -18,6 +18,8 @@ its kernel is batch-invariant. Figures: docs/cpu.md.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import platform
@@ -130,10 +132,9 @@ def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
         except (OSError, ValueError, KeyError):
             pass
     timed = {"fp32": time_forwards(make_verifier_or_eager(loaded_fp32, "auto", max_len=512), loaded_fp32.vocab_size)}
-    for name, ok, convert in (("bf16", bf16_ok, _bf16_copy), ("int8", int8_ok, _int8_copy),
-                              ("int8w", int8w_ok, _int8w_copy)):
+    for name, ok in (("bf16", bf16_ok), ("int8", int8_ok), ("int8w", int8w_ok)):
         if ok:
-            model = convert(loaded_fp32.model)
+            model = _convert(copy.deepcopy(loaded_fp32.model), name)
             timed[name] = time_forwards(make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
             del model
     choice = min(timed, key=lambda name: completion_ms(timed[name]))  # ties: the first (fp32, then bf16)
@@ -148,50 +149,20 @@ def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
     return choice, data
 
 
-def _bf16_copy(model):
-    import copy
-
-    return copy.deepcopy(model).to(torch.bfloat16)
-
-
-def _int8_copy(model):
-    import copy
-
+def _convert(model, precision: str):
+    """The model converted in place to "bf16", "int8" (per-row W8A8) or "int8w" (weight-only int8)."""
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
     from .host import quantize
 
-    return quantize(copy.deepcopy(model), "int8")
+    return quantize(model, precision)
 
 
-def _int8w_copy(model):
-    import copy
-
-    from .host import quantize
-
-    return quantize(copy.deepcopy(model), "int8w")
-
-
-def _as_quantized(loaded, precision: str):
-    import dataclasses
-
-    from .host import quantize
-
-    quantize(loaded.model, precision)
-    return dataclasses.replace(loaded, dtype=torch.float32, precision=precision)
-
-
-def as_int8w(loaded):
-    """The same LoadedModel with weight-only int8 linear layers (converted in place; activations stay fp32)."""
-    return _as_quantized(loaded, "int8w")
-
-
-def as_int8(loaded):
-    """The same LoadedModel with per-row int8 linear layers (converted in place; activations stay fp32)."""
-    return _as_quantized(loaded, "int8")
-
-
-def as_bf16(loaded):
-    """The same LoadedModel with its weights in bf16 (converted in place)."""
-    import dataclasses
-
-    loaded.model.to(torch.bfloat16)
-    return dataclasses.replace(loaded, dtype=torch.bfloat16, precision="bf16")
+def as_precision(loaded, precision: str):
+    """The same LoadedModel (fp32) converted in place to what `choose` chose: "fp32" leaves it as it is, "bf16"
+    converts its weights, "int8" and "int8w" its linear layers (activations stay fp32)."""
+    if precision == "fp32":
+        return loaded
+    _convert(loaded.model, precision)
+    return dataclasses.replace(loaded, dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
+                               precision=precision)

@@ -251,15 +251,10 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     loaded = load_model(config.model, device=config.device, precision=config.precision)
     precision_choice = None
     if config.precision == "auto" and loaded.device.type == "cpu" and loaded.precision == "fp32":
-        from rest_lsp.model.precision import as_bf16, as_int8, as_int8w, choose
+        from rest_lsp.model.precision import as_precision, choose
 
         choice, precision_choice = choose(loaded)  # measured once per model and CPU (cached)
-        if choice == "bf16":
-            loaded = as_bf16(loaded)
-        elif choice == "int8":
-            loaded = as_int8(loaded)
-        elif choice == "int8w":
-            loaded = as_int8w(loaded)
+        loaded = as_precision(loaded, choice)
     cache = Path(config.cache_dir).expanduser() if config.cache_dir else cache_root()
     history = history_path(cache, history_model_key(loaded)) if config.persist_history else None
     backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rest_lsp.model import PRECISIONS
+
 SECTIONS = ("rest-lsp", "restLsp", "rest_lsp")
 
 # Settings whose change means the model (and everything tokenised with it) must be reloaded.
@@ -85,8 +87,8 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
         return list(value)
     if not isinstance(value, str):
         raise ValueError(f"{name}: expected a string, got {value!r}")
-    if name == "precision" and value not in {"auto", "fp32", "int8", "int8w", "bf16", "fp16"}:
-        raise ValueError(f"precision: expected auto|fp32|int8|int8w|bf16|fp16, got {value!r}")
+    if name == "precision" and value not in PRECISIONS:
+        raise ValueError(f"precision: expected {'|'.join(PRECISIONS)}, got {value!r}")
     if name == "layout" and value not in {"auto", "line", "psm", "spm"}:
         raise ValueError(f"layout: expected auto|line|psm|spm, got {value!r}")
     return value

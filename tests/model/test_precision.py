@@ -47,9 +47,10 @@ def test_measured_once_and_cached(tiny, monkeypatch, tmp_path):
 def test_as_bf16_converts_the_weights(tiny):
     import copy
 
-    from rest_lsp.model.precision import as_bf16
+    from rest_lsp.model.precision import as_precision
 
-    lm = as_bf16(copy.deepcopy(tiny))
+    assert as_precision(tiny, "fp32") is tiny  # what choose calls with fp32: nothing to convert
+    lm = as_precision(copy.deepcopy(tiny), "bf16")
     assert lm.precision == "bf16" and lm.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
 
@@ -99,9 +100,9 @@ def test_as_int8_converts_the_linear_layers(tiny):
     import copy
 
     from rest_lsp.model.int8row import is_int8
-    from rest_lsp.model.precision import as_int8
+    from rest_lsp.model.precision import as_precision
 
-    lm = as_int8(copy.deepcopy(tiny))
+    lm = as_precision(copy.deepcopy(tiny), "int8")
     assert lm.precision == "int8" and lm.dtype == torch.float32 and is_int8(lm.model)
     assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
 
@@ -129,9 +130,9 @@ def test_as_int8w_converts_the_linear_layers_and_keeps_the_float_ones_for_prompt
     import copy
 
     from rest_lsp.model.int8weight import Int8WeightLinear
-    from rest_lsp.model.precision import as_int8w
+    from rest_lsp.model.precision import as_precision
 
-    lm = as_int8w(copy.deepcopy(tiny))
+    lm = as_precision(copy.deepcopy(tiny), "int8w")
     assert lm.precision == "int8w" and lm.dtype == torch.float32
     quantized = [m for m in lm.model.modules() if isinstance(m, Int8WeightLinear)]
     assert len(quantized) == 7 * 2 + 1 and all(isinstance(m.wide, torch.nn.Linear) for m in quantized)

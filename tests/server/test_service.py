@@ -93,6 +93,22 @@ def test_documented_options_match_the_defaults():
     assert rows == {name: default for name, default in describe()}
 
 
+def test_every_precision_is_accepted_and_offered_by_the_vs_code_extension():
+    """One list of precisions (rest_lsp.model.PRECISIONS): the daemon's settings take each, and the VS Code
+    extension's setting offers exactly those."""
+    import json
+    from pathlib import Path
+
+    from rest_lsp.model import PRECISIONS
+
+    for p in PRECISIONS:
+        cfg, changed, problems = merge(ServerConfig(), {"precision": p})
+        assert cfg.precision == p and not problems
+    package = Path(__file__).resolve().parents[2] / "editors" / "vscode" / "package.json"
+    props = json.loads(package.read_text())["contributes"]["configuration"]["properties"]
+    assert props["restLsp.precision"]["enum"] == list(PRECISIONS)
+
+
 def test_multi_line_stops_where_the_block_ends():
     ctx = build_context("class A:\n    def total(self):\n        \n\n    def other(self):\n        pass\n", 2, 8)
     text = "return sum(self.items)\n\n\ndef main():\n    a = A()"
