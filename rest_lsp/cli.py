@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rest_lsp.model import PRECISIONS
+from rest_lsp.service.config import PRECISIONS  # the settings check's list (rest_lsp.model, torch-free)
 
 SUBCOMMANDS = ("complete", "bench", "replay")
 
