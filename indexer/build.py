@@ -104,6 +104,7 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
     out = Path(out)
     rep = disc.Report()
     t0 = time.perf_counter()
+    scanned_ns = time.time_ns()   # before any stat: the next sync re-hashes what was written near it
     cands = _discover(roots, filters, rep)
     discover_s = time.perf_counter() - t0
 
@@ -116,7 +117,7 @@ def build_datastore(roots, out, *, tokenizer, kind: str | None = None, filters: 
                               next_shard=int(old.get("next_shard", 0)) if old else 0,
                               max_shard_tokens=max_shard_tokens, max_tokens=max_tokens, report=rep)
         shards.index(cands, filters, progress)
-        m = _manifest(shards, tok, fp, roots, filters, old, time.perf_counter() - t_start)
+        m = _manifest(shards, tok, fp, roots, filters, old, time.perf_counter() - t_start, scanned_ns)
         write_manifest(out, m)
         remove_unreferenced(out, {f["name"] for s in shards.metas for f in s["files"].values()})
     return _report(out, shards, fp, rep, t_start, discover_s)
@@ -266,13 +267,14 @@ class _ShardWriter:
 
 
 def _manifest(shards: _ShardWriter, tok, fp: dict, roots: list[Path], filters: disc.Filters, old: dict | None,
-              build_time_s: float) -> dict:
+              build_time_s: float, scanned_ns: int) -> dict:
     from .tokenizer import tokenizer_source
 
     return {
         "kind": shards.kind,
         "created": time.time(),
         "build_time_s": build_time_s,
+        "scanned_ns": scanned_ns,       # when the walk began (indexer.manifest.racy_documents)
         "tokenizer": fp,
         "tokenizer_source": tokenizer_source(tok),
         "width": shards.width,

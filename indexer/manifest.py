@@ -31,6 +31,21 @@ class Doc:
     masked: int = 0  # lines emptied before tokenization because they carry a secret (a count, never values)
 
 
+# File systems stamp mtimes from a coarse clock (ext4: the kernel's tick, a few ms; FAT: 2 s), so a file written
+# again within the tick of the scan's stat, at the same size, looks unchanged to a size-and-mtime comparison. A
+# document whose recorded mtime is this close to (or after) the start of the last full scan is racy: the next
+# scan compares its content hash (git's racily-clean entries, with a margin for coarse clocks).
+RACY_NS = 2_000_000_000
+
+
+def racy_documents(docs: dict[str, Doc], scanned_ns: int | None) -> set[str]:
+    """The documents whose size and mtime cannot vouch for their content: all of them when the manifest does
+    not say when it was scanned (written before `scanned_ns` was recorded: they are re-read once)."""
+    if scanned_ns is None:
+        return set(docs)
+    return {p for p, d in docs.items() if d.mtime_ns >= scanned_ns - RACY_NS}
+
+
 def pack_docs(docs: dict[str, Doc]) -> dict:
     """Columnar: one list per field (msgpack packs and unpacks lists of scalars fast)."""
     ds = list(docs.values())
@@ -131,7 +146,7 @@ def check_manifest(m) -> str | None:
             Filters.from_dict(m["filters"])
         except (AttributeError, TypeError, ValueError) as e:
             return f"bad filters ({e})"
-    for key in ("next_shard", "generation"):
+    for key in ("next_shard", "generation", "scanned_ns"):
         if key in m and not is_int(m[key]):
             return f"{key} is not a count"
     shards = m.get("shards")

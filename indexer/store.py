@@ -22,7 +22,7 @@ import numpy as np
 
 from . import discover as disc
 from .ingest import content_hash, read_document  # noqa: F401 - content_hash: callers import it from here
-from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, read_manifest,
+from .manifest import (MANIFEST, SHARD_DIR, Doc, manifest_signature, pack_docs, racy_documents, read_manifest,
                        remove_unreferenced, unpack_docs, write_manifest, writer_lock)
 from .refresh import unwatch as unwatch_manifest, watch as watch_manifest
 from rest_lsp.jit import njit
@@ -215,6 +215,11 @@ class Datastore:
     @property
     def documents(self) -> dict[str, Doc]:
         return self._docs
+
+    @property
+    def shards(self) -> tuple:
+        """The shards searched now (this store's, attached stores', live ones), largest first."""
+        return self._snapshot
 
     @property
     def tokenizer(self):
@@ -410,11 +415,14 @@ class Datastore:
             return self._update_locked([Path(p) for p in paths], t0)
 
     def sync(self) -> dict:
-        """Bring the store up to date with its roots (a full scan comparing size and mtime)."""
+        """Bring the store up to date with its roots: a full scan comparing size and mtime with the manifest,
+        and the content hash of the documents whose recorded mtime is too close to the last full scan for the
+        stat to tell (`racy_documents`). Returns the summary of `update_paths`, with "rechecked"."""
         self._require_dir()
         t0 = time.perf_counter()
         with writer_lock(self.path), self._lock:
             self._reload_locked()
+            scanned_ns = time.time_ns()   # before the walk: a write after its stat is after this time too
             filters = self._filters()
             rep = disc.Report()
             seen = {}
@@ -423,17 +431,30 @@ class Datastore:
             stale = [Path(p) for p, d in self._docs.items() if p not in seen]
             changed = [c.path for p, c in seen.items()
                        if p not in self._docs or (self._docs[p].size, self._docs[p].mtime_ns) != (c.size, c.mtime_ns)]
-            out = self._update_locked(stale + changed, t0, known=seen)
+            racy = racy_documents(self._docs, self._manifest.get("scanned_ns"))
+            recheck = {p for p in racy if p in seen}
+            out = self._update_locked(stale + changed + [seen[p].path for p in recheck], t0, known=seen,
+                                      recheck=recheck, scanned_ns=scanned_ns)
+            out["rechecked"] = len(recheck)
             out["errors"] = out.get("errors", []) + rep.errors
             return out
 
-    def _update_locked(self, paths: list[Path], t0: float, known: dict | None = None) -> dict:
+    def _update_locked(self, paths: list[Path], t0: float, known: dict | None = None, *,
+                       recheck: set[str] = frozenset(), scanned_ns: int | None = None) -> dict:
+        """scanned_ns: this update is a full scan started then (sync), recorded for the next one's racy check."""
         m = dict(self._manifest)
+        # a first full scan of an older manifest, or racy documents found unchanged: record this scan anyway,
+        # or the next start would re-read them all again
+        stamp = scanned_ns is not None and (m.get("scanned_ns") is None or bool(recheck))
+        if scanned_ns is not None:
+            m["scanned_ns"] = scanned_ns
         edit = _Edit(self._docs)
         cands = self._candidates(paths, [Path(r) for r in m.get("roots", [])], edit, known)
-        new, touched_meta = self._read_changed(cands, edit)
+        new, touched_meta = self._read_changed(cands, edit, recheck)
         summary, docs = edit.summary, edit.docs
         if not new and not edit.dead and not touched_meta:
+            if stamp:
+                self._commit(m, dict(docs))
             summary["seconds"] = time.perf_counter() - t0
             return summary
 
@@ -530,15 +551,17 @@ class Datastore:
                     edit.remove(k2)
         return cands
 
-    def _read_changed(self, cands: dict[str, disc.Candidate], edit: "_Edit") -> tuple[list[tuple], bool]:
-        """Read the candidates whose size or mtime changed: ([(key, mtime_ns, document)] of new content,
-        whether only metadata changed somewhere (same hash, new mtime))."""
+    def _read_changed(self, cands: dict[str, disc.Candidate], edit: "_Edit",
+                      recheck: set[str] = frozenset()) -> tuple[list[tuple], bool]:
+        """Read the candidates whose size or mtime changed, and those in `recheck` whatever their stat says:
+        ([(key, mtime_ns, document)] of new content, whether only metadata changed somewhere (same hash, new
+        mtime))."""
         filters, docs, summary = self._filters(), edit.docs, edit.summary
         new: list[tuple] = []
         touched_meta = False
         for key, c in cands.items():
             d = docs.get(key)
-            if d is not None and d.size == c.size and d.mtime_ns == c.mtime_ns:
+            if d is not None and d.size == c.size and d.mtime_ns == c.mtime_ns and key not in recheck:
                 summary["unchanged"] += 1
                 continue
             try:
@@ -553,8 +576,9 @@ class Datastore:
                 edit.remove(key)
                 continue
             if d is not None and d.hash == doc.hash:
-                docs[key] = dataclasses.replace(d, size=doc.size, mtime_ns=c.mtime_ns)
-                touched_meta = True
+                if (d.size, d.mtime_ns) != (doc.size, c.mtime_ns):
+                    docs[key] = dataclasses.replace(d, size=doc.size, mtime_ns=c.mtime_ns)
+                    touched_meta = True
                 summary["unchanged"] += 1
                 continue
             summary["undecodable"] += doc.undecodable

@@ -6,6 +6,10 @@ editor's atomic save (write a temporary file, rename it over the original) arriv
 move within a few milliseconds and becomes one update of the final path; deletions, renames and moved
 folders are updated by path (a folder that no longer exists drops every document under it, one that
 appeared is walked).
+
+No event comes for what changed before the observer started (between the build or the last sync reading a
+file and `start`): `start` runs one catch-up scan once the observer is on (`Datastore.sync`: size and mtime
+against the manifest, content hashes where those cannot tell), so nothing stays stale until its next change.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ log = logging.getLogger("rest_index.watch")
 
 class Watcher:
     def __init__(self, ds: Datastore, roots=None, *, debounce_s: float = 0.2, quiet_s: float | None = None,
-                 on_update=None):
+                 on_update=None, catch_up: bool = True):
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
@@ -32,6 +36,8 @@ class Watcher:
         self.debounce_s = debounce_s
         self.quiet_s = min(0.03, debounce_s) if quiet_s is None else quiet_s
         self.on_update = on_update
+        self.catch_up = catch_up
+        self.caught_up: dict | None = None   # the catch-up scan's summary
         self._pending: dict[str, float] = {}  # path -> time of its first event in this batch
         self._first = None
         self._last = 0.0
@@ -89,7 +95,26 @@ class Watcher:
             self._observer = self._schedule(PollingObserver(timeout=1.0))
             self._observer.start()
         self._thread.start()
+        if self.catch_up:
+            self._catch_up()
         return self
+
+    def _catch_up(self) -> None:
+        """One scan once the observer is on: a change made before it started has no event coming. A change
+        during the scan is seen by it or has an event queued, so nothing falls between the two."""
+        try:
+            t0 = time.monotonic()
+            summary = self.ds.sync()
+            summary["apply_s"] = summary["latency_s"] = time.monotonic() - t0
+            self.caught_up = summary
+            if summary.get("added") or summary.get("changed") or summary.get("removed"):
+                self.updates += 1
+                if self.on_update is not None:
+                    self.on_update(summary)
+        except Exception as e:  # the store still serves what it held; events keep it current from here
+            msg = f"catch-up scan failed: {e}"
+            self.errors.append(msg)
+            log.warning(msg)
 
     def stop(self) -> None:
         with self._cv:

@@ -34,7 +34,9 @@ def open_or_build(root: Path, store_dir: Path, *, tokenizer: str | None, exclude
 
 
 def watch(ds, on_update: Callable[[dict], None]):
-    """Start indexer.watch.Watcher on the store's roots; changed files become searchable in about 0.2 s."""
+    """Start indexer.watch.Watcher on the store's roots; changed files become searchable in about 0.2 s. Its
+    catch-up scan is left to the workspace (WorkspaceIndex._catch_up runs it after the folder is announced
+    ready, so that the scan does not hold up completions from the datastore)."""
     from indexer.watch import Watcher
 
-    return Watcher(ds, debounce_s=0.2, on_update=on_update).start()
+    return Watcher(ds, debounce_s=0.2, on_update=on_update, catch_up=False).start()
