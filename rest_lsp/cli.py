@@ -1,7 +1,8 @@
 """`rest-lsp`: the language server, a one-shot completion, and the benchmark entry points.
 
     rest-lsp [--stdio]                         serve LSP over stdin/stdout (the flag vscode-languageclient adds)
-    rest-lsp --tcp [--host 127.0.0.1] [--port 2087]
+    rest-lsp --tcp [--host 127.0.0.1] [--port 2087] [--token-file F | --no-auth] [--trust-client]
+               [--exit-on-disconnect]                   (docs/daemon.md, "Serving over TCP")
     rest-lsp complete PATH:LINE:COL [--workspace DIR] [--json] [--compare]   (LINE and COL count from 1)
     rest-lsp bench ... / rest-lsp replay ...   (rest_lsp.bench.cli; see docs/bench.md)
 """
@@ -41,9 +42,19 @@ def serve(argv: list[str]) -> int:
                                 "Subcommands: complete, bench, replay (rest-lsp SUBCOMMAND --help).")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
-    mode.add_argument("--tcp", action="store_true", help="serve over TCP")
+    mode.add_argument("--tcp", action="store_true", help="serve over TCP (one client at a time, let in by a token)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=2087)
+    p.add_argument("--port", type=int, default=2087, help="TCP port (0: any free one, printed on stderr)")
+    p.add_argument("--token-file", default=None,
+                   help="--tcp: where the client's token is written, readable only by you (default: "
+                        "<cache>/tcp/HOST-PORT.token); the client sends it as initializationOptions.token")
+    p.add_argument("--no-auth", action="store_true",
+                   help="--tcp on a loopback address: let in any client without a token")
+    p.add_argument("--trust-client", action="store_true",
+                   help="--tcp: take settings that name paths or models (model, cacheDir, requestLog, corpus) from "
+                        "the client and answer rest/drafts (over stdio the client is always trusted)")
+    p.add_argument("--exit-on-disconnect", action="store_true",
+                   help="--tcp: end the server when its client disconnects or exits (default: serve the next one)")
     p.add_argument("--log-file", default=None, help="write the server's Python log here")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--max-message-bytes", type=int, default=None,
@@ -54,6 +65,18 @@ def serve(argv: list[str]) -> int:
     bad = [u for u in unknown if not u.startswith("--clientProcessId")]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)}")
+    tcp_only = [f for f, on in (("--token-file", args.token_file is not None), ("--no-auth", args.no_auth),
+                                ("--trust-client", args.trust_client),
+                                ("--exit-on-disconnect", args.exit_on_disconnect)) if on]
+    if tcp_only and not args.tcp:
+        p.error(f"{', '.join(tcp_only)} apply only with --tcp")
+    if args.no_auth and args.token_file is not None:
+        p.error("--no-auth writes no token file: give one of --no-auth and --token-file")
+    if args.no_auth and not _loopback(args.host):
+        p.error(f"--no-auth is allowed only on a loopback address (127.0.0.1, ::1, localhost), not {args.host!r}: "
+                "any machine that reaches the port could steer the server")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port {args.port} is not a port number (0-65535)")
     # stdout carries the protocol: the log goes to a file or stderr
     target = {"filename": args.log_file} if args.log_file else {"stream": sys.stderr}
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -67,13 +90,73 @@ def serve(argv: list[str]) -> int:
     config, _, problems = merge(ServerConfig(), _settings(args))
     if problems:
         p.error("; ".join(problems))
+    max_body = args.max_message_bytes or transport.MAX_BODY
+    if args.tcp:
+        return _serve_tcp(args, config, max_body)
     server = create_server(config)
     # our reader, not pygls' (rest_lsp/transport.py says why); the history is saved when the stream ends
-    options = {"max_body": args.max_message_bytes or transport.MAX_BODY, "on_end": lambda why: close_all(server),
-               "warn": transport.RateLimited(server.show_warning)}
-    if args.tcp:
-        return transport.serve_tcp(server, args.host, args.port, **options)
-    return transport.serve_stdio(server, **options)
+    return transport.serve_stdio(server, max_body=max_body, on_end=lambda why: close_all(server),
+                                 warn=transport.RateLimited(server.show_warning))
+
+
+def _loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (a name is resolved: "localhost" may be ::1)."""
+    import ipaddress
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _serve_tcp(args: argparse.Namespace, config, max_body: int) -> int:
+    """One client at a time, each with a fresh server of its own: a session's end stops its threads and saves
+    its history, and the next client's server starts from the command line's settings (loading the model
+    again)."""
+    from . import transport
+    from .server import close_all, create_server
+    from .service.access import default_token_file, new_token, remove_token_file, write_token_file
+
+    token = None if args.no_auth else new_token()
+    written: list = []
+
+    def new_session() -> transport.Session:
+        server = create_server(config)
+        server.trust_client = args.trust_client
+        server.exit_ends_process = False   # serve_tcp ends the process (after removing the token file)
+        return transport.Session(server, warn=transport.RateLimited(server.show_warning),
+                                 on_end=lambda why: close_all(server))
+
+    def on_listen(addresses: list) -> None:
+        port = addresses[0][1] if addresses else args.port
+        print(f"rest-lsp: listening on {args.host}:{port}", file=sys.stderr, flush=True)
+        if token is None:
+            print("rest-lsp: --no-auth: any local process can connect", file=sys.stderr, flush=True)
+            return
+        try:
+            path = write_token_file(args.token_file or default_token_file(args.host, port), token)
+        except OSError as exc:
+            print(f"rest-lsp: cannot write the token file: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        written.append(path)
+        print(f"rest-lsp: token file: {path}", file=sys.stderr, flush=True)
+        if not _loopback(args.host):
+            print("rest-lsp: warning: the token travels unencrypted; off this machine, use an SSH tunnel to a "
+                  "loopback address instead", file=sys.stderr, flush=True)
+
+    try:
+        return transport.serve_tcp(
+            new_session, args.host, args.port, token=token, max_body=max_body, on_listen=on_listen,
+            exit_on_disconnect=args.exit_on_disconnect,
+            token_hint="" if token is None else " (the server printed its token file's path when it started)")
+    except OSError as exc:   # the port is taken, the host is not this machine's
+        print(f"rest-lsp: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        for path in written:
+            remove_token_file(path, token)
 
 
 def complete(argv: list[str]) -> int:

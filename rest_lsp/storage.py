@@ -105,15 +105,20 @@ def tmp_name(final: Path) -> Path:
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike, *, text: bool = False, sync_dir: bool = True) -> Iterator[IO]:
+def atomic_file(path: str | os.PathLike, *, text: bool = False, sync_dir: bool = True,
+                mode: int = 0o666) -> Iterator[IO]:
     """Write `path` atomically: the `with` block writes a temporary file in the same folder, which is
     fsynced and renamed over `path`, then the folder is fsynced (`sync_dir=False`: the caller does, once
     for several files). On any error, the block's own included (a failed checksum), the temporary file is
-    removed and `path` is untouched. `text`: the file object takes str (UTF-8)."""
+    removed and `path` is untouched. `text`: the file object takes str (UTF-8). `mode` (less the umask) is
+    the file's from its creation on, so a secret (0o600) is never readable by others, not even briefly."""
     path = Path(path)
     tmp = tmp_name(path)
+
+    def opener(name, flags):
+        return os.open(name, flags | os.O_EXCL, mode)
     try:
-        with open(tmp, "w", encoding="utf-8") if text else open(tmp, "wb") as f:
+        with open(tmp, "w", encoding="utf-8", opener=opener) if text else open(tmp, "wb", opener=opener) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -128,8 +133,8 @@ def atomic_file(path: str | os.PathLike, *, text: bool = False, sync_dir: bool =
         fsync_dir(path.parent)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_file(path) as f:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o666) -> None:
+    with atomic_file(path, mode=mode) as f:
         f.write(data)
 
 

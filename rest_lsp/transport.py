@@ -24,6 +24,7 @@ never waits forever on a request the server could not read.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import re
@@ -251,6 +252,10 @@ def _complete_json(data: bytes) -> bool:
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
+SERVER_NOT_INITIALIZED = -32002   # LSP's code for a request before `initialize`
+UNAUTHORIZED = -32004             # server-defined: an `initialize` over TCP without the server's token
+BUSY = -32005                     # server-defined: another client is being served
+GATE_MAX_BODY = 1 << 20           # an `initialize` is a few KB: a peer not let in gets no more memory than this
 
 
 def message_id(obj: Any) -> int | str | None:
@@ -321,11 +326,16 @@ class Connection:
     """One client connection: bytes in, JSON-RPC objects to pygls' protocol, error answers out.
 
     `protocol` is a pygls JsonRPCProtocol with its writer set; `warn(message)` reports a problem the user
-    should see (rate-limited by the caller)."""
+    should see (rate-limited by the caller); `reader`: one that already holds the start of the stream (a TCP
+    client's, read by its `Gate`)."""
 
-    def __init__(self, protocol, *, max_body: int = MAX_BODY, warn: Callable[[str], None] | None = None):
+    done = False     # run_connection reads until the stream ends
+
+    def __init__(self, protocol, *, max_body: int = MAX_BODY, warn: Callable[[str], None] | None = None,
+                 reader: MessageReader | None = None):
         self.protocol = protocol
-        self.reader = MessageReader(max_body=max_body)
+        self.reader = reader or MessageReader(max_body=max_body)
+        self.reader.max_body = max_body
         self.stats = TransportStats()
         self._warn = warn or (lambda message: None)
 
@@ -337,6 +347,10 @@ class Connection:
 
     def close(self) -> None:
         self._dispatch(self.reader.close())
+
+    def dispatch(self, events: list[Event]) -> None:
+        """Handle events read elsewhere (by a Gate) as if this connection had read them."""
+        self._dispatch(events)
 
     def _dispatch(self, events: list[Event]) -> None:
         for ev in events:
@@ -407,33 +421,159 @@ class Connection:
             log.exception("could not send an error reply")
 
 
-# ---------------------------------------------------------------------------------------------------
-async def run_connection(conn: Connection, read: Callable[[], Awaitable[bytes]], *,
-                         stall_s: float = STALL_S) -> str:
-    """Feed `conn` from `read()` (b"" at the end of the stream) until the stream ends; returns why it ended.
-    A SystemExit raised by pygls' `exit` handler propagates."""
-    pending: asyncio.Future | None = None
-    while True:
-        if pending is None:
-            pending = asyncio.ensure_future(read())
-        if conn.reader.pending:
-            # asyncio.wait leaves the read running when the wait times out (wait_for needed a shield) and,
-            # unlike wait_for before Python 3.12, never swallows a cancellation that comes with the data
-            done, _ = await asyncio.wait({pending}, timeout=stall_s)
-            if not done:
-                conn.stalled()
-                continue
+def encode_message(obj: Any) -> bytes:
+    body = json.dumps(obj).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+class Gate:
+    """A TCP client before it is let in: anything local can connect to a port, so nothing it sends reaches
+    the server until an `initialize` request carries the server's token in `initializationOptions.token`.
+    Before that, requests are answered ServerNotInitialized (as LSP asks) and notifications, `exit` among
+    them, are dropped; an `initialize` without the right token is answered UNAUTHORIZED and ends the
+    connection (`done`, verdict "refused"). The token is taken out of the message, so that it is never
+    logged nor taken for a setting. `token` None (`--no-auth`): any `initialize` is let in.
+
+    Has the reading interface of a Connection (`reader`, `feed`, `stalled`, `close`, `done`) so that
+    run_connection drives it; once `verdict` is "in", `initialize` and `rest` (what followed it in the same
+    chunk) are for the Connection that takes over `reader`."""
+
+    def __init__(self, token: str | None, send: Callable[[dict], None], *, hint: str = ""):
+        self.reader = MessageReader(max_body=GATE_MAX_BODY)
+        self._token = token
+        self._send = send
+        self._hint = hint
+        self.verdict: str | None = None      # "in" | "refused"
+        self.why = ""
+        self.initialize: dict | None = None
+        self.initialize_id: int | str | None = None
+        self.rest: list[Event] = []
+
+    @property
+    def done(self) -> bool:
+        return self.verdict is not None
+
+    def feed(self, data: bytes) -> None:
+        self._take(self.reader.feed(data))
+
+    def stalled(self) -> None:
+        self._take(self.reader.stalled())
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def refuse(self, code: int, message: str) -> None:
+        """Answer the initialize that was let in with an error after all (the server is busy)."""
+        self.error(self.initialize_id, code, message)
+        self.verdict, self.why = "refused", message
+
+    def error(self, msg_id, code: int, message: str) -> None:
         try:
-            data = await pending
+            self._send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        except Exception:  # noqa: BLE001 - a closed socket is seen by the read side
+            log.exception("could not send an error reply")
+
+    def _take(self, events: list[Event]) -> None:
+        for i, ev in enumerate(events):
+            obj = self._parse(ev)
+            if obj is None or "method" not in obj:
+                continue                      # responses: the server asked nothing yet
+            msg_id = request_id(obj)
+            if obj["method"] == "initialize" and msg_id is not None:
+                self._initialize(obj, msg_id)
+                self.rest = events[i + 1:]
+                return
+            if msg_id is not None:
+                self.error(msg_id, SERVER_NOT_INITIALIZED,
+                           f"{obj['method']} before initialize: this server takes nothing before an initialize "
+                           "request" + (" with its token" if self._token is not None else ""))
+
+    def _parse(self, ev: Event) -> dict | None:
+        if isinstance(ev, FramingError):
+            try:
+                sample = json.loads(ev.sample) if ev.sample.strip() else None
+            except (ValueError, RecursionError):
+                sample = None
+            if request_id(sample) is not None:
+                self.error(request_id(sample), INVALID_REQUEST, f"the request was not framed correctly ({ev.reason})")
+            return None
+        try:
+            obj = json.loads(ev.body)
+        except (ValueError, RecursionError):
+            self.error(None, PARSE_ERROR, "Parse error: the message is not JSON")
+            return None
+        problem = check_envelope(obj)
+        if problem is not None:
+            if isinstance(obj, dict) and "method" in obj:
+                self.error(message_id(obj), INVALID_REQUEST, f"Invalid Request: {problem}")
+            return None
+        return obj
+
+    def _initialize(self, obj: dict, msg_id: int | str) -> None:
+        params = obj.get("params")
+        options = params.get("initializationOptions") if isinstance(params, dict) else None
+        given = options.pop("token", None) if isinstance(options, dict) else None
+        self.initialize_id = msg_id
+        if self._token is not None:
+            ok = isinstance(given, str) and hmac.compare_digest(
+                given.encode("utf-8", "surrogatepass"), self._token.encode())
+            if not ok:
+                what = "without a token" if given is None else "with a wrong token"
+                self.error(msg_id, UNAUTHORIZED,
+                           f"rest-lsp refused an initialize {what}: this server lets in a client that sends the "
+                           f"contents of its token file as initializationOptions.token{self._hint}")
+                self.verdict, self.why = "refused", f"initialize {what}"
+                return
+        self.verdict, self.initialize = "in", obj
+
+
+# ---------------------------------------------------------------------------------------------------
+class ChunkSource:
+    """An async `read()` whose read in flight outlives a stall check (asyncio.wait leaves it running and,
+    unlike wait_for before Python 3.12, never swallows a cancellation that comes with the data) and a change
+    of consumer (a TCP client's Gate, then its Connection)."""
+
+    def __init__(self, read: Callable[[], Awaitable[bytes]]):
+        self._read = read
+        self._pending: asyncio.Future | None = None
+
+    async def next(self, stall_s: float | None = None) -> bytes | None:
+        """The next chunk (b"" at the end of the stream), or None when `stall_s` passed without one."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._read())
+        if stall_s is not None:
+            done, _ = await asyncio.wait({self._pending}, timeout=stall_s)
+            if not done:
+                return None
+        fut, self._pending = self._pending, None
+        return await fut
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+
+
+async def run_connection(conn, read: "Callable[[], Awaitable[bytes]] | ChunkSource", *,
+                         stall_s: float = STALL_S) -> str:
+    """Feed `conn` (a Connection or a Gate) from `read()` (b"" at the end of the stream) until the stream
+    ends or `conn.done`; returns why it ended. A SystemExit raised by pygls' `exit` handler propagates."""
+    source = read if isinstance(read, ChunkSource) else ChunkSource(read)
+    while not conn.done:
+        try:
+            data = await source.next(stall_s if conn.reader.pending else None)
         except (OSError, ValueError) as exc:
             conn.close()
             return f"reading the client's stream failed ({type(exc).__name__}: {exc})"
-        pending = None
+        if data is None:
+            conn.stalled()
+            continue
         if not data:
             conn.close()
             return "the client closed the connection"
         conn.feed(data)
         await asyncio.sleep(0)   # let the handlers just scheduled run between chunks
+    return "done"
 
 
 def stdin_chunks(stdin) -> Callable[[], Awaitable[bytes]]:
@@ -525,38 +665,169 @@ def serve_stdio(server, *, stdin=None, stdout=None, max_body: int = MAX_BODY,
     return _ended(server, why, on_end)
 
 
-def serve_tcp(server, host: str, port: int, *, max_body: int = MAX_BODY,
-              warn: Callable[[str], None] | None = None, on_end: Callable[[str], None] | None = None) -> int:
-    """Serve one client over TCP with this module's reader; returns the exit code."""
-    server._stop_event = threading.Event()
-    done: asyncio.Future | None = None
+@dataclass
+class Session:
+    """What serves one TCP client: a pygls LanguageServer made for it, `warn` as Connection takes it, and
+    `on_end(why)`, run (on a thread) when the client is gone: save what must survive, stop its threads."""
+    server: Any
+    warn: Callable[[str], None] | None = None
+    on_end: Callable[[str], None] | None = None
 
-    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server.protocol.set_writer(writer)
-        conn = Connection(server.protocol, max_body=max_body, warn=warn)
-        server.transport_stats = conn.stats
+
+class _Discard:
+    """The writer of a session whose client is gone: what its threads still report goes nowhere."""
+
+    def write(self, data) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    name = writer.get_extra_info("peername")
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) and len(name) >= 2 else str(name)
+
+
+async def _hang_up(writer: asyncio.StreamWriter, source: ChunkSource, linger_s: float = 5.0) -> None:
+    """Close a connection after an answer. Closing a socket with unread input resets it, and the peer may
+    then lose the answer: so end our side first and read what it still sends until it closes (or a while,
+    or a megabyte)."""
+    try:
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        left = 1 << 20
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + linger_s
+        while left > 0:
+            data = await asyncio.wait_for(source.next(), max(0.0, deadline - loop.time()))
+            if not data:
+                break
+            left -= len(data)
+    except (OSError, ValueError, asyncio.TimeoutError):
+        pass
+    finally:
+        source.cancel()
+        writer.close()
+
+
+def serve_tcp(new_session: Callable[[], Session], host: str, port: int, *, token: str | None,
+              token_hint: str = "", exit_on_disconnect: bool = False, max_body: int = MAX_BODY,
+              on_listen: Callable[[list], None] | None = None) -> int:
+    """Serve LSP over TCP, one client at a time, each with a server of its own (`new_session()`); returns
+    the exit code.
+
+    A client is let in by its `initialize` (a Gate: with `token`, only one that presents it). While one is
+    served, another that presents the token is answered BUSY and disconnected; the first is not disturbed.
+    When the client disconnects (or sends `exit`) its session ends (`on_end`) and the next client is served,
+    unless `exit_on_disconnect`: then the server ends with it (0 after `shutdown`, 1 otherwise, as over
+    stdio). `on_listen(addresses)` runs once the port is bound, before any client is read."""
+    import sys
+
+    state: dict[str, Any] = {"client": None, "session": None}   # the peer served; its session, until ended
+    idle: asyncio.Event | None = None            # set while no session is closing
+    finished: asyncio.Future | None = None
+
+    async def serve_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _peer(writer)
+        source = ChunkSource(lambda: reader.read(CHUNK))
+        gate = Gate(token, lambda obj: writer.write(encode_message(obj)), hint=token_hint)
+        why = await run_connection(gate, source)
+        if gate.verdict == "in" and state["client"] is not None:
+            gate.refuse(BUSY, f"rest-lsp is serving another client ({state['client']}) and serves one at a time: "
+                              "close that one first, or start another server on another port")
+        if gate.verdict != "in":
+            log.warning("client %s not let in: %s", peer, gate.why or why)
+            await _hang_up(writer, source)
+            return
+        state["client"] = peer          # claimed before any await: a second client now finds the server busy
+        session = None
         try:
-            why = await run_connection(conn, lambda: reader.read(CHUNK))
-        except SystemExit as exc:
-            why = exc
-        if not done.done():
-            done.set_result(why)
+            await idle.wait()           # the previous client's session may still be saving its state
+            session = state["session"] = new_session()
+            why = await _serve_session(session, gate, source, writer, max_body)
+        except Exception as exc:  # noqa: BLE001 - the server goes on to the next client
+            log.exception("serving client %s", peer)
+            why = f"the server failed ({type(exc).__name__}: {exc})"
+        finally:
+            # released whatever happened, or every later client would be refused as busy
+            state["client"] = None
+            idle.clear()
+            source.cancel()
+            writer.close()
+        shut = session is not None and bool(getattr(session.server.protocol, "_shutdown", False))
+        try:
+            if session is not None:
+                session.server.protocol.set_writer(_Discard())   # its threads may still report
+                await asyncio.get_running_loop().run_in_executor(None, _end_session, session, why)
+                state["session"] = None     # ended (else the server's own end ends it)
+        finally:
+            idle.set()
+        then = "exiting" if exit_on_disconnect else "waiting for the next client"
+        print(f"rest-lsp: client {peer}: {why}{'' if shut else ' without shutdown'}; {then}", file=sys.stderr,
+              flush=True)
+        if exit_on_disconnect and not finished.done():
+            finished.set_result(0 if shut else 1)
 
-    async def main():
-        nonlocal done
-        done = asyncio.get_running_loop().create_future()
-        srv = await asyncio.start_server(client, host, port)
-        log.info("serving on %s", ", ".join(str(s.getsockname()) for s in srv.sockets))
-        async with srv:
-            return await done
+    async def main() -> int:
+        nonlocal idle, finished
+        loop = asyncio.get_running_loop()
+        idle, finished = asyncio.Event(), loop.create_future()
+        idle.set()
+        try:
+            import signal
+
+            # SIGTERM ends a daemon as Ctrl-C does: the session in progress is saved, the token file removed
+            loop.add_signal_handler(signal.SIGTERM, lambda: finished.done() or finished.set_result(0))
+        except (ImportError, NotImplementedError, RuntimeError, ValueError):
+            pass
+        srv = await asyncio.start_server(serve_client, host, port)
+        addresses = [s.getsockname() for s in srv.sockets]
+        log.info("serving on %s", ", ".join(map(str, addresses)))
+        if on_listen is not None:
+            on_listen(addresses)
+        try:
+            return await finished
+        finally:
+            # not wait_closed(): from Python 3.12 it waits for the client being served to hang up
+            srv.close()
 
     try:
-        why = asyncio.run(main())
+        code = asyncio.run(main())
     except KeyboardInterrupt:
-        why = "interrupted"
-    if isinstance(why, SystemExit):
-        return _exit_code(why)
-    return _ended(server, why, on_end)
+        code = 0
+    session = state["session"]
+    if session is not None:             # stopped while a client was served
+        _end_session(session, "the server was stopped")
+    return code
+
+
+async def _serve_session(session: Session, gate: Gate, source: ChunkSource, writer: asyncio.StreamWriter,
+                         max_body: int) -> str:
+    """Hand a client let in by `gate` to its session's server and serve it until it is gone; returns why."""
+    server = session.server
+    server._stop_event = threading.Event()
+    server.protocol.set_writer(writer)
+    conn = Connection(server.protocol, max_body=max_body, warn=session.warn, reader=gate.reader)
+    server.transport_stats = conn.stats
+    log.info("client %s let in", _peer(writer))
+    try:
+        conn.dispatch([Message(json.dumps(gate.initialize).encode()), *gate.rest])
+        why = await run_connection(conn, source)
+    except SystemExit:                  # pygls exits this way only without a socket writer
+        why = "exit"
+    if writer.is_closing() and getattr(server.protocol, "_shutdown", False):
+        why = "exit"                    # pygls' `exit` closed the socket
+    return why
+
+
+def _end_session(session: Session, why: str) -> None:
+    if session.on_end is not None:
+        try:
+            session.on_end(why)
+        except Exception:  # noqa: BLE001 - the next client is served anyway
+            log.exception("closing a client's session")
 
 
 def _ended(server, why: str, on_end: Callable[[str], None] | None) -> int:
