@@ -15,6 +15,14 @@ same cases (INT8_QUALITY); elsewhere it stays opt-in (`precision: int8`). Weight
 (rest_lsp/model/int8weight.py, `int8w`) keeps fp32 activations and loses less; it joins the timing for a model
 whose first-line exact match was measured within INT8_MAX_LOSS points of fp32's (INT8W_QUALITY) on a CPU where
 its kernel is batch-invariant. Figures: docs/cpu.md.
+
+A first start often shares the CPU (a download, the editor, the indexer), and a figure taken under load is
+cached for every later start. So the candidates are timed in interleaved rounds (ABC CBA ABC: a burst of load
+or a drift in clock speed falls on all of them, not on one), each candidate's figure is the median over the
+rounds, and a measurement whose rounds disagree (a candidate's per-round figures spread more than MAX_SPREAD)
+is taken again, up to MAX_ATTEMPTS times; one still noisy is used for this start but cached as provisional, so
+the next start measures again. The daemon also compares its live decoding steps with the cached figure
+(`LiveCheck`): a clear disagreement marks the cache stale and the daemon measures again when idle.
 """
 from __future__ import annotations
 
@@ -23,7 +31,10 @@ import dataclasses
 import json
 import logging
 import platform
+import statistics
 import time
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import torch
@@ -34,10 +45,37 @@ from rest_lsp.storage import write_bytes_atomic
 log = logging.getLogger(__name__)
 
 PROMPT_CHUNK = 64  # the warm-up chunk: what typing costs
-STEPS = 6  # one-token steps timed (the median counts)
+STEPS = 6  # one-token steps timed by time_forwards (the median counts)
 # the cost a completion pays: a prompt chunk plus this many decoding steps (a short suggestion)
 STEPS_PER_COMPLETION = 8
-MEASURE_VERSION = 3  # 2: an "int8" entry and choice (INT8_QUALITY); 3: "int8w" (INT8W_QUALITY)
+# 2: an "int8" entry and choice (INT8_QUALITY); 3: "int8w" (INT8W_QUALITY); 4: interleaved rounds, settled or
+# provisional (a version-3 figure may have been taken under load: measured again)
+MEASURE_VERSION = 4
+
+ROUNDS = 3  # interleaved rounds per measurement (ABC CBA ABC)
+ROUND_STEPS = 3  # one-token steps per candidate per round (their median is the round's step figure)
+# a candidate's rounds agree when the largest per-round figure is within this ratio of the smallest (or within
+# ABS_SLACK_MS of it: a ms of timer and scheduler jitter is no disagreement for a tiny model)
+MAX_SPREAD = 1.3
+ABS_SLACK_MS = 2.0
+MAX_ATTEMPTS = 3  # measurements per start before the choice is used as provisional
+# starts in a row whose measurement stayed noisy before the choice is cached as settled anyway (marked "noisy"):
+# a machine that is never quiet must not pay the measurement on every start; the live check still applies
+MAX_PROVISIONAL = 3
+
+# The live check (LiveCheck): decoding steps of at most LIVE_MAX_DRAFT draft nodes cost about one row's forward
+# on a CPU (c(4) is within a few per cent of c(1) there, docs/cpu.md), so their median over LIVE_WINDOW steps
+# is compared with the cached step figure of the precision in use.
+LIVE_WINDOW = 50
+LIVE_MAX_DRAFT = 3
+LIVE_SLOWER = 1.5  # live steps this much slower than measured: the measurement does not hold now
+# live steps this much faster than measured: the measurement was taken under load (the case that cached fp32 at
+# 97.6 ms a step on a machine where it runs at 66 ms, and bf16 at 43.5 ms, docs/cpu.md)
+LIVE_FASTER = 1.3
+LIVE_BEATEN = 1.3  # another candidate's measured step this much below the live one would clearly beat it
+# live-triggered measurements that kept the choice before a disagreement is only reported: a model whose live
+# steps differ from the measured ones for a lasting reason (long prompts) must not be measured every start
+MAX_LIVE_REMEASURES = 2
 
 # first-line exact match, int8 minus bf16, in points (benchmarks/bench_layout.py --layouts line@body, the same
 # cases; docs/cpu.md), per model name. A model missing here is not a candidate: its loss is unknown.
@@ -113,40 +151,320 @@ def int8w_candidate(model_name: str) -> bool:
     return loss is not None and loss >= -INT8_MAX_LOSS and weight_int8_exact()
 
 
-def choose(loaded_fp32, *, force: bool = False) -> tuple[str, dict]:
-    """("fp32" | "bf16" | "int8" | "int8w", the measurements) for a model loaded in fp32 on the CPU: the
-    cheapest by completion_ms among fp32, bf16 (native bf16 dot products only), int8 (int8_candidate models
-    only) and int8w (int8w_candidate models only)."""
+Timer = Callable[[str, object, int], Callable[[], dict]]
+MEASURED = ("fp32", "bf16", "int8", "int8w")  # the figures a cache entry may hold, one per candidate
+
+
+def round_timer(name: str, verifier, vocab_size: int) -> Callable[[], dict]:
+    """Prepares `verifier` (300 cached tokens; the first calls of both shapes paid) and returns one round's
+    timing of it: {"prompt_chunk_ms": a 64-token chunk after the 300 tokens, "step_ms": the median of
+    ROUND_STEPS one-token steps}. `name` is the candidate's, for a timer standing in for this one (tests)."""
+    from rest_lsp.engine.verifier import chain_mask
+
+    g = torch.Generator().manual_seed(0)
+
+    def forward(q: int, rows=None) -> float:
+        t = time.perf_counter()
+        verifier.forward(torch.randint(0, vocab_size, (q,), generator=g), torch.arange(q), chain_mask(q), rows=rows)
+        return (time.perf_counter() - t) * 1000
+
+    verifier.truncate(0)
+    forward(300, rows=[299])
+    forward(PROMPT_CHUNK, rows=[PROMPT_CHUNK - 1])  # a shape's first call pays one-time overheads
+    verifier.truncate(300)
+    forward(1)
+
+    def one_round() -> dict:
+        verifier.truncate(300)
+        chunk = forward(PROMPT_CHUNK, rows=[PROMPT_CHUNK - 1])
+        verifier.truncate(300)
+        steps = sorted(forward(1) for _ in range(ROUND_STEPS))
+        return {"prompt_chunk_ms": chunk, "step_ms": steps[len(steps) // 2]}
+
+    return one_round
+
+
+def _agree(xs: Sequence[float]) -> bool:
+    lo, hi = min(xs), max(xs)
+    return hi <= lo * MAX_SPREAD or hi - lo <= ABS_SLACK_MS
+
+
+def judge(rounds: dict[str, list[dict]]) -> tuple[dict[str, dict], list[str]]:
+    """Per candidate its figures over its rounds (the median of each), and the candidates whose rounds disagree
+    with each other (MAX_SPREAD)."""
+    figures: dict[str, dict] = {}
+    noisy: list[str] = []
+    for name, rs in rounds.items():
+        chunks, steps = [r["prompt_chunk_ms"] for r in rs], [r["step_ms"] for r in rs]
+        chunk, step = statistics.median(chunks), statistics.median(steps)
+        figures[name] = {"prompt_chunk_ms": round(chunk, 1), "prompt_ms_per_token": round(chunk / PROMPT_CHUNK, 2),
+                         "step_ms": round(step, 1), "rounds_step_ms": [round(x, 1) for x in steps],
+                         "rounds_chunk_ms": [round(x, 1) for x in chunks]}
+        if not (_agree(chunks) and _agree(steps)):
+            noisy.append(name)
+    return figures, noisy
+
+
+def candidates(model_name: str) -> list[str]:
+    """The precisions `auto` times for this model on this CPU, fp32 first (it wins ties)."""
     from .fast import cpu_has_bf16
+
+    return ["fp32"] + [name for name, ok in (("bf16", cpu_has_bf16()), ("int8", int8_candidate(model_name)),
+                                             ("int8w", int8w_candidate(model_name))) if ok]
+
+
+def cache_file(model_name: str) -> Path:
+    names = candidates(model_name)
+    return _cache_path(model_name, "int8" in names, "int8w" in names)
+
+
+def read_cached(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) and data.get("choice") else None
+    except (OSError, ValueError):
+        return None
+
+
+def needs_measuring(data: dict | None) -> bool:
+    """No figures, figures from a noisy start (provisional), or figures the live steps disagreed with (stale)."""
+    return data is None or bool(data.get("provisional")) or bool(data.get("stale"))
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _fits_at_once(loaded_fp32, names: Sequence[str]) -> bool:
+    """Whether every candidate's copy and prepacked weights fit in memory together (interleaving needs them
+    all alive); bounded by fp32 sizes: the fp32 model's packing, and a copy plus its packing per other one."""
+    fp32_bytes = sum(p.numel() for p in loaded_fp32.model.parameters()) * 4
+    avail = _mem_available()
+    return avail is None or fp32_bytes * (1 + 2 * (len(names) - 1)) <= 0.7 * avail
+
+
+def _candidate(loaded_fp32, name: str, timer: Timer) -> Callable[[], dict]:
     from .verifiers import make_verifier_or_eager
 
-    bf16_ok, int8_ok = cpu_has_bf16(), int8_candidate(loaded_fp32.name)
-    int8w_ok = int8w_candidate(loaded_fp32.name)
-    if not (bf16_ok or int8_ok or int8w_ok):
-        return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 and int8w are opt-in for this model"}
-    path = _cache_path(loaded_fp32.name, int8_ok, int8w_ok)
-    if not force:
-        try:
-            data = json.loads(path.read_text())
-            return data["choice"], data
-        except (OSError, ValueError, KeyError):
-            pass
-    timed = {"fp32": time_forwards(make_verifier_or_eager(loaded_fp32, "auto", max_len=512), loaded_fp32.vocab_size)}
-    for name, ok in (("bf16", bf16_ok), ("int8", int8_ok), ("int8w", int8w_ok)):
-        if ok:
-            model = _convert(copy.deepcopy(loaded_fp32.model), name)
-            timed[name] = time_forwards(make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
-            del model
-    choice = min(timed, key=lambda name: completion_ms(timed[name]))  # ties: the first (fp32, then bf16)
-    data = {"choice": choice, **timed, "cpu": cpu_name(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "model": loaded_fp32.name}
+    model = loaded_fp32 if name == "fp32" else _convert(copy.deepcopy(loaded_fp32.model), name)
+    return timer(name, make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
+
+
+def measure(loaded_fp32, names: Sequence[str], *, timer: Timer | None = None) -> Generator[None, None, dict]:
+    """Times the candidates `names` in interleaved rounds, yielding between forwards (the daemon runs it between
+    its jobs); returns {"choice", "settled" (the rounds agreed), "attempts", "noisy" (the candidates whose
+    rounds disagreed in the last attempt), "interleaved", and per candidate its figures}. timer: round_timer
+    or a stand-in (tests)."""
+    timer = timer or round_timer
+    names = list(names)
+    interleaved = _fits_at_once(loaded_fp32, names)
+    timers: dict[str, Callable[[], dict]] = {}
+    if interleaved:
+        for name in names:
+            timers[name] = _candidate(loaded_fp32, name, timer)
+            yield
+    pooled: dict[str, list[dict]] = {name: [] for name in names}
+    attempt, noisy = 0, list(names)
+    while noisy and attempt < MAX_ATTEMPTS:
+        attempt += 1
+        got: dict[str, list[dict]] = {name: [] for name in names}
+        if interleaved:
+            for r in range(ROUNDS):
+                for name in names if r % 2 == 0 else names[::-1]:  # a drift weighs on all candidates alike
+                    got[name].append(timers[name]())
+                    yield
+        else:  # one after another: only a candidate's own rounds can disagree
+            for name in names:
+                one = _candidate(loaded_fp32, name, timer)
+                yield
+                for _ in range(ROUNDS):
+                    got[name].append(one())
+                    yield
+                del one
+        figures, noisy = judge(got)
+        for name in names:
+            pooled[name] += got[name]
+        if noisy:
+            log.info("precision auto: rounds disagree for %s (%s); %s", ", ".join(noisy),
+                     {n: {"step_ms": figures[n]["rounds_step_ms"], "chunk_ms": figures[n]["rounds_chunk_ms"]}
+                      for n in noisy},
+                     "measuring again" if attempt < MAX_ATTEMPTS else "keeping the best seen, provisionally")
+    timers.clear()
+    if noisy:  # the best seen over every round of this start
+        figures, _ = judge(pooled)
+    choice = min(names, key=lambda name: completion_ms(figures[name]))  # ties: the first (fp32, then bf16)
+    return {"choice": choice, "settled": not noisy, "attempts": attempt, "noisy": noisy,
+            "interleaved": interleaved, **figures}
+
+
+def measure_and_store(loaded_fp32, *, timer: Timer | None = None,
+                      previous: dict | None = None) -> Generator[None, None, dict]:
+    """measure, then cache the result: settled when the rounds agreed, else provisional (the next start measures
+    again) unless MAX_PROVISIONAL starts in a row were noisy. previous: the cached entry this replaces."""
+    name = loaded_fp32.name
+    names = candidates(name)
+    path = _cache_path(name, "int8" in names, "int8w" in names)
+    result = yield from measure(loaded_fp32, names, timer=timer)
+    prev = previous or {}
+    data = {**result, "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "model": name, "measured_at": round(time.time(), 3)}
+    if result["settled"]:
+        data["provisional"] = False
+    else:
+        data["provisional_starts"] = starts = prev.get("provisional_starts", 0) + 1 if prev.get("provisional") else 1
+        data["provisional"] = starts < MAX_PROVISIONAL
+    if prev.get("stale"):  # measured again because the live steps disagreed: count the times it kept the choice
+        data["after_live"] = prev["stale"]
+        data["live_remeasures"] = prev.get("live_remeasures", 0) + 1 if prev.get("choice") == data["choice"] else 0
+    _store(path, data)
+    log.info("precision auto on this CPU: %s (%s; %s)", data["choice"],
+             {n: result[n]["step_ms"] for n in names},
+             "settled" if not data["provisional"] else f"provisional: rounds disagreed for {', '.join(result['noisy'])}")
+    return data
+
+
+def _store(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(path, json.dumps(data).encode())
     except OSError:
         pass  # measured again next time
-    log.info("precision auto on this CPU: %s (%s)", choice, timed)
-    return choice, data
+
+
+def run_to_end(gen: Generator):
+    """What a measuring generator returns, run here without pausing."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value
+
+
+def choose(loaded_fp32, *, force: bool = False, timer: Timer | None = None) -> tuple[str, dict]:
+    """("fp32" | "bf16" | "int8" | "int8w", the measurements) for a model loaded in fp32 on the CPU: the
+    cheapest by completion_ms among fp32, bf16 (native bf16 dot products only), int8 (int8_candidate models
+    only) and int8w (int8w_candidate models only); read from the cache unless that entry is provisional or
+    stale (needs_measuring)."""
+    if candidates(loaded_fp32.name) == ["fp32"]:
+        return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 and int8w are opt-in for this model"}
+    previous = read_cached(cache_file(loaded_fp32.name))
+    if not force and not needs_measuring(previous):
+        return previous["choice"], previous
+    data = run_to_end(measure_and_store(loaded_fp32, timer=timer, previous=previous))
+    return data["choice"], data
+
+
+def _step_figures(data: dict) -> dict[str, float]:
+    return {n: data[n]["step_ms"] for n in MEASURED if isinstance(data.get(n), dict) and "step_ms" in data[n]}
+
+
+def disagreement(data: dict, in_use: str, live_step_ms: float) -> str | None:
+    """Why the live decoding steps at `in_use` contradict the cached measurement `data`, or None."""
+    cached = (data.get(in_use) or {}).get("step_ms")
+    if not cached:
+        return None
+    if live_step_ms > LIVE_SLOWER * cached:
+        return f"live {in_use} steps take {live_step_ms:.1f} ms, {live_step_ms / cached:.2f}x the {cached} ms measured"
+    if live_step_ms * LIVE_FASTER < cached:
+        return (f"live {in_use} steps take {live_step_ms:.1f} ms, {cached / live_step_ms:.2f}x faster than the "
+                f"{cached} ms measured: the measurement was taken under load")
+    for other in MEASURED:
+        ms = (data.get(other) or {}).get("step_ms")
+        if other != in_use and ms and ms * LIVE_BEATEN < live_step_ms:
+            return f"{other} measured {ms} ms a step, clearly below the {live_step_ms:.1f} ms live {in_use} steps take"
+    return None
+
+
+class LiveCheck:
+    """The precision in use held to the daemon's own decoding steps: after every LIVE_WINDOW new steps of at
+    most LIVE_MAX_DRAFT draft nodes, their median is compared with the cached figure (`disagreement`). A
+    disagreement marks the cache entry stale (the next start measures again) and makes a re-measurement due,
+    which the daemon runs when idle (`remeasure`); its choice applies from the next start. At most one
+    re-measurement per process, and none once MAX_LIVE_REMEASURES of them kept the choice (then reported only)."""
+
+    def __init__(self, model_name: str, data: dict):
+        self.model_name = model_name
+        self.data = data
+        self.in_use: str = data["choice"]
+        self.steps: deque[float] = deque(maxlen=LIVE_WINDOW)
+        self.seen = 0
+        self._new = 0
+        self.live_step_ms: float | None = None
+        self.verdict: str | None = None  # "agrees" | "disagrees"
+        self.reason: str | None = None
+        self.action: str | None = None  # "pending" | "measuring" | "measured" | "failed" | "reported only"
+        self.remeasured: dict | None = None
+
+    def observe(self, forward_ms: Sequence[float], draft_sizes: Sequence[int]) -> bool:
+        """One run's decoding steps; True when this made a re-measurement due."""
+        for ms, drafted in zip(forward_ms, draft_sizes):
+            if drafted <= LIVE_MAX_DRAFT:
+                self.steps.append(ms)
+                self.seen += 1
+                self._new += 1
+        if len(self.steps) < LIVE_WINDOW or self._new < LIVE_WINDOW:
+            return False
+        self._new = 0
+        self.live_step_ms = round(statistics.median(self.steps), 1)
+        reason = disagreement(self.data, self.in_use, self.live_step_ms)
+        self.verdict, self.reason = ("disagrees", reason) if reason else ("agrees", None)
+        if reason is None or self.action is not None:
+            return False
+        if self.data.get("live_remeasures", 0) >= MAX_LIVE_REMEASURES:
+            self.action = "reported only"
+            log.info("precision %s: %s (not measured again: %d re-measurements kept the choice)", self.in_use,
+                     reason, self.data["live_remeasures"])
+            return False
+        self._mark_stale(reason)
+        self.action = "pending"
+        log.warning("precision %s: %s; measuring again when idle (cached: %s)", self.in_use, reason,
+                    _step_figures(self.data))
+        return True
+
+    def _mark_stale(self, reason: str) -> None:
+        path = cache_file(self.model_name)
+        data = read_cached(path)
+        # only the measurement these steps were held to: another process may have replaced it meanwhile
+        if data is not None and data.get("measured_at") == self.data.get("measured_at"):
+            data["stale"] = {"reason": reason, "in_use": self.in_use, "live_step_ms": self.live_step_ms,
+                             "at": round(time.time(), 3)}
+            _store(path, data)
+            self.data = data
+
+    @property
+    def due(self) -> bool:
+        return self.action == "pending"
+
+    def remeasure(self, load_fp32: Callable[[], object], *, timer: Timer | None = None) -> Generator[None, None, dict | None]:
+        """The re-measurement, one forward per step (load_fp32: the model again, in fp32); caches its result."""
+        self.action = "measuring"
+        try:
+            loaded = load_fp32()
+            yield
+            data = yield from measure_and_store(loaded, timer=timer, previous=read_cached(cache_file(self.model_name)))
+        except Exception:
+            self.action = "failed"
+            raise
+        del loaded
+        self.action = "measured"
+        self.remeasured = {"choice": data["choice"], "provisional": data["provisional"],
+                           "step_ms": _step_figures(data),
+                           "applies": "now" if data["choice"] == self.in_use else "at the next start"}
+        log.info("precision re-measured after the live check: %s (in use: %s; %s)", data["choice"], self.in_use,
+                 "the choice holds" if data["choice"] == self.in_use else "applies at the next start")
+        self.data = data
+        return data
+
+    def snapshot(self) -> dict:
+        return {"in_use": self.in_use, "cached_step_ms": (self.data.get(self.in_use) or {}).get("step_ms"),
+                "live_step_ms": self.live_step_ms, "live_steps": self.seen, "verdict": self.verdict,
+                "reason": self.reason, "action": self.action, "remeasured": self.remeasured}
 
 
 def _convert(model, precision: str):

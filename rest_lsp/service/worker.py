@@ -10,6 +10,10 @@ where it stopped (the engine keeps its KV state in a pool) once nothing more urg
 
 Which jobs to stop is the service's decision (`stop`); the worker only bounds the queue: past `queue_size`
 waiting jobs the oldest of the least urgent priority is dropped.
+
+Below every priority is the backend's idle work (`backend.idle_work()`: a generator, one forward per step, or
+None), asked for once the worker has had no job for `idle_after_s`: the precision measured again in the
+background (rest_lsp/model/precision.py LiveCheck). A job that arrives meanwhile waits at most one of its steps.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ log = logging.getLogger(__name__)
 B = TypeVar("B")
 
 INTERACTIVE, WARM, AHEAD = 0, 1, 2
+# seconds without a job before the backend's idle work runs: a pause in typing is not yet idle, and a measurement
+# taken while the user types would time the editor's load too
+IDLE_AFTER_S = 10.0
 _seq = itertools.count()
 
 
@@ -70,8 +77,12 @@ class Job:
 
 
 class InferenceWorker(Generic[B]):
-    def __init__(self, queue_size: int = 8, name: str = "rest-lsp-inference"):
+    def __init__(self, queue_size: int = 8, name: str = "rest-lsp-inference", idle_after_s: float = IDLE_AFTER_S):
         self.queue_size = max(1, queue_size)
+        self.idle_after_s = idle_after_s
+        self._idle: Generator | None = None  # the backend's idle work under way
+        self._last_busy = time.monotonic()  # when a job or a load last ran
+        self._idle_asked: float | None = None  # the _last_busy at which idle_work() last answered None
         self._jobs: list[Job] = []
         self._running: Job | None = None
         self._cv = threading.Condition(threading.RLock())
@@ -187,10 +198,17 @@ class InferenceWorker(Generic[B]):
                     gen.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing an aborted job")
+            idle = None
             with self._cv:
                 while not self._closed and self._loader is None and not self._closing and \
                         not (self._jobs and self.state in ("ready", "failed")):
-                    self._cv.wait()
+                    due = self._idle_due()
+                    if due == 0:
+                        idle = self._idle_work()
+                        if idle is not None:
+                            break
+                        continue
+                    self._cv.wait(due)
                 if self._closing and not self._closed:
                     continue
                 if self._closed:
@@ -199,25 +217,68 @@ class InferenceWorker(Generic[B]):
                     closing, self._closing = self._closing, []
                     for gen in closing:
                         gen.close()
+                    self._close_idle()
                     return
                 loader, self._loader = self._loader, None
                 job = None
-                if loader is None:
+                if loader is None and idle is None:  # (idle work is taken only with no job waiting)
                     job = min(self._jobs, key=lambda j: (j.priority, j.seq))
                     if job.stopped:
                         self._abort(job, job.reason or "cancelled")
                         continue
                     self._running = job
             if loader is not None:
+                self._close_idle()  # it belongs to the backend being replaced
                 self._do_load(loader)
+                with self._cv:
+                    self._last_busy = time.monotonic()
+                continue
+            if idle is not None:
+                self._idle_step(idle)
                 continue
             try:
                 self._step(job)
             finally:
                 with self._cv:
                     self._running = None
+                    self._last_busy = time.monotonic()
                     if job.stopped and job in self._jobs:
                         self._abort(job, job.reason or "cancelled")
+
+    def _idle_due(self) -> float | None:
+        """With the lock held and no job waiting: seconds until the idle work may step (0: now), None: none."""
+        if self.state != "ready" or self._backend is None:
+            return None
+        if self._idle is None and (self._idle_asked == self._last_busy or not hasattr(self._backend, "idle_work")):
+            return None  # asked since the last job, and there was none: a job may make some (it is asked again)
+        return max(0.0, self._last_busy + self.idle_after_s - time.monotonic())
+
+    def _idle_work(self) -> Generator | None:
+        """With the lock held: the idle work under way, or what the backend has now (asked once per quiet spell)."""
+        if self._idle is None:
+            self._idle_asked = self._last_busy
+            try:
+                self._idle = self._backend.idle_work()
+            except Exception:  # noqa: BLE001 - idle work never takes the worker down
+                log.exception("the backend's idle work failed to start")
+        return self._idle
+
+    def _idle_step(self, gen: Generator) -> None:
+        try:
+            next(gen)
+        except StopIteration:
+            self._idle = None
+        except Exception:  # noqa: BLE001
+            log.exception("the backend's idle work failed")
+            self._idle = None
+
+    def _close_idle(self) -> None:
+        gen, self._idle = self._idle, None
+        if gen is not None:
+            try:
+                gen.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the backend's idle work")
 
     def _do_load(self, loader: Callable[[], B]) -> None:
         t0 = time.perf_counter()

@@ -23,25 +23,190 @@ def test_without_native_bf16_it_stays_fp32(tiny, monkeypatch):
     assert choice == "fp32" and "bf16" in why["reason"]
 
 
-def test_measured_once_and_cached(tiny, monkeypatch, tmp_path):
-    from rest_lsp.model import fast, precision
+def fake_timer(step_ms: dict[str, list[float]], chunk_ms: float = 100.0):
+    """A stand-in for precision.round_timer: candidate name's k-th round (over every attempt and start) takes
+    step_ms[name][k] ms a step (the last figure repeated), the prompt chunk chunk_ms. The candidate's verifier
+    is built as for the real one; the log lists ("build"|"round", name) in call order."""
+    calls: list[tuple[str, str]] = []
+
+    def timer(name, verifier, vocab_size):
+        assert hasattr(verifier, "forward")
+        calls.append(("build", name))
+
+        def one_round():
+            seq = step_ms[name]
+            k = sum(1 for c in calls if c == ("round", name))
+            calls.append(("round", name))
+            return {"prompt_chunk_ms": chunk_ms, "step_ms": seq[min(k, len(seq) - 1)]}
+
+        return one_round
+
+    return timer, calls
+
+
+def rounds(calls) -> list[str]:
+    return [name for what, name in calls if what == "round"]
+
+
+@pytest.fixture
+def cpu(monkeypatch, tmp_path):
+    """A CPU with native bf16 (fp32 and bf16 are the candidates) and the cache in tmp_path."""
+    from rest_lsp.model import fast
 
     monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
-    timed = []
-    real = precision.time_forwards
+    return tmp_path
 
-    def fake_timing(verifier, vocab):
-        m = real(verifier, vocab)
-        timed.append(verifier.dtype if hasattr(verifier, "dtype") else None)
-        return {**m, "step_ms": 1.0 if len(timed) == 2 else 5.0}  # the second (bf16) is made cheaper
 
-    monkeypatch.setattr(precision, "time_forwards", fake_timing)
-    choice, data = precision.choose(tiny)
-    assert choice == "bf16" and len(timed) == 2 and data["fp32"]["step_ms"] == 5.0
-    assert next(tmp_path.glob("precision-*.json")).read_text() == json.dumps(data)
-    assert precision.choose(tiny) == (choice, data) and len(timed) == 2  # read back, not measured again
+def test_measured_once_in_interleaved_rounds_and_cached(tiny, cpu):
+    from rest_lsp.model import precision
+
+    timer, calls = fake_timer({"fp32": [5.0], "bf16": [1.0]})
+    choice, data = precision.choose(tiny, timer=timer)
+    assert choice == "bf16" and data["fp32"]["step_ms"] == 5.0 and data["settled"] and not data["provisional"]
+    # ABC CBA ABC: a drift over the measurement weighs on both alike
+    assert rounds(calls) == ["fp32", "bf16", "bf16", "fp32", "fp32", "bf16"] and data["attempts"] == 1
+    assert next(cpu.glob("precision-*.json")).read_text() == json.dumps(data)
+    assert precision.choose(tiny, timer=timer) == (choice, data) and len(rounds(calls)) == 6  # read back
     assert next(tiny.model.parameters()).dtype == torch.float32  # the measurement left the model as it was
+
+
+def test_a_noisy_round_is_measured_again_and_the_idle_machine_decides(tiny, cpu):
+    """The first start of issue 32: bf16 slowed by a download in two of its rounds would lose to fp32 on its
+    median; its rounds disagree, so it is measured again, and the quiet attempt picks bf16."""
+    from rest_lsp.model import precision
+
+    timer, calls = fake_timer({"fp32": [66.0, 67.0, 66.5, 66.0, 66.2, 66.4],
+                               "bf16": [126.4, 45.0, 130.0, 43.5, 44.0, 43.0]})
+    choice, data = precision.choose(tiny, timer=timer)
+    assert choice == "bf16" and data["attempts"] == 2 and data["settled"] and not data["provisional"]
+    assert data["bf16"]["rounds_step_ms"] == [43.5, 44.0, 43.0] and data["bf16"]["step_ms"] == 43.5
+    assert [c for c in calls if c[0] == "build"] == [("build", "fp32"), ("build", "bf16")]  # built once
+    assert not precision.read_cached(precision.cache_file(tiny.name))["provisional"]
+
+
+def test_still_noisy_is_used_provisionally_and_measured_again_next_start(tiny, cpu):
+    from rest_lsp.model import precision
+
+    n = precision.ROUNDS * precision.MAX_ATTEMPTS * 2  # rounds of one start, both candidates
+    timer, calls = fake_timer({"fp32": [60.0], "bf16": [40.0, 90.0] * 100})  # bf16 never agrees with itself
+    choice, data = precision.choose(tiny, timer=timer)
+    # the best seen over every round of this start (bf16's median over them is 40), but not settled
+    assert choice == "bf16" and data["provisional"] and not data["settled"] and data["noisy"] == ["bf16"]
+    assert data["attempts"] == precision.MAX_ATTEMPTS and len(rounds(calls)) == n
+    assert precision.read_cached(precision.cache_file(tiny.name))["provisional"]
+    for start in range(2, precision.MAX_PROVISIONAL + 1):  # each later start measures again ...
+        choice, data = precision.choose(tiny, timer=timer)
+        assert len(rounds(calls)) == n * start and data["provisional_starts"] == start
+    # ... until MAX_PROVISIONAL starts in a row were noisy: then cached for good, marked as noisy
+    assert not data["provisional"] and not data["settled"]
+    assert precision.choose(tiny, timer=timer) == (choice, data)
+    assert len(rounds(calls)) == n * precision.MAX_PROVISIONAL
+
+
+def test_a_quiet_start_after_a_noisy_one_settles(tiny, cpu):
+    from rest_lsp.model import precision
+
+    noisy, _ = fake_timer({"fp32": [60.0], "bf16": [40.0, 90.0] * 100})
+    assert precision.choose(tiny, timer=noisy)[1]["provisional"]
+    quiet, calls = fake_timer({"fp32": [50.0], "bf16": [70.0]})
+    choice, data = precision.choose(tiny, timer=quiet)
+    assert choice == "fp32" and data["settled"] and not data["provisional"] and "provisional_starts" not in data
+    assert precision.choose(tiny, timer=quiet) == (choice, data) and len(rounds(calls)) == 6
+
+
+def test_judge_takes_medians_and_flags_rounds_that_disagree():
+    from rest_lsp.model.precision import MAX_SPREAD, judge
+
+    r = lambda *steps, chunk=100.0: [{"prompt_chunk_ms": chunk, "step_ms": s} for s in steps]  # noqa: E731
+    figures, noisy = judge({"a": r(40.0, 41.0, 42.0), "b": r(40.0, 40.0 * MAX_SPREAD * 1.05, 41.0),
+                            "c": r(0.5, 1.5, 2.0),  # a ms apart: jitter, not disagreement
+                            "d": [{"prompt_chunk_ms": c, "step_ms": 40.0} for c in (100.0, 200.0, 100.0)]})
+    assert noisy == ["b", "d"]  # b's steps disagree, d's prompt chunks
+    assert figures["a"]["step_ms"] == 41.0 and figures["b"]["step_ms"] == 41.0 and figures["d"]["prompt_chunk_ms"] == 100.0
+
+
+def test_version_3_figures_are_measured_again(tiny, cpu):
+    """A figure cached by the one-shot measurement may have been taken under load: the key changed."""
+    from rest_lsp.model import precision
+
+    assert precision.MEASURE_VERSION >= 4 and "-v4" in precision.cache_file(tiny.name).name
+
+
+# ---- the live check --------------------------------------------------------------------------------
+def _settle(tiny, precision, figures):
+    timer, _ = fake_timer(figures)
+    choice, data = precision.choose(tiny, timer=timer, force=True)
+    assert data["settled"]
+    return choice, data
+
+
+def test_live_steps_that_disagree_mark_the_cache_stale_and_the_remeasurement_fixes_it(tiny, cpu):
+    """Issue 32's machine: fp32 cached at 97.6 ms over bf16 at 126.4; live fp32 steps take 66 ms."""
+    from rest_lsp.model import precision
+
+    choice, data = _settle(tiny, precision, {"fp32": [97.6], "bf16": [126.4]})
+    assert choice == "fp32"
+    check = precision.LiveCheck(tiny.name, data)
+    w = precision.LIVE_WINDOW
+    assert not check.observe([66.0] * w, [precision.LIVE_MAX_DRAFT + 1] * w)  # big trees are not one-row steps
+    assert not check.observe([66.0] * (w - 1), [0] * (w - 1)) and check.verdict is None and not check.due
+    assert check.observe([66.0, 500.0], [2, 40])  # the 50th small step: judged
+    assert check.due and check.verdict == "disagrees" and "under load" in check.reason
+    cached = precision.read_cached(precision.cache_file(tiny.name))
+    assert cached["stale"]["live_step_ms"] == 66.0 and precision.needs_measuring(cached)
+    # measured again in the background: the quiet machine's figures
+    timer, calls = fake_timer({"fp32": [66.2], "bf16": [43.5]})
+    data2 = precision.run_to_end(check.remeasure(lambda: tiny, timer=timer))
+    assert data2["choice"] == "bf16" and data2["settled"] and "stale" not in data2
+    assert data2["after_live"]["reason"] == check.reason and data2["live_remeasures"] == 0
+    snap = check.snapshot()
+    assert snap["action"] == "measured" and snap["remeasured"]["applies"] == "at the next start"
+    assert snap["in_use"] == "fp32" and snap["live_step_ms"] == 66.0 and not check.due
+    assert check.observe([66.0] * w, [0] * w) is False  # at most one re-measurement per process
+    assert precision.choose(tiny, timer=timer) == ("bf16", data2) and len(rounds(calls)) == 6  # the next start
+
+
+def test_live_steps_that_agree_change_nothing(tiny, cpu):
+    from rest_lsp.model import precision
+
+    _, data = _settle(tiny, precision, {"fp32": [60.0], "bf16": [70.0]})
+    check = precision.LiveCheck(tiny.name, data)
+    assert not check.observe([66.0] * 200, [1] * 200)
+    assert check.verdict == "agrees" and check.action is None and check.live_step_ms == 66.0
+    assert not precision.needs_measuring(precision.read_cached(precision.cache_file(tiny.name)))
+
+
+def test_disagreement_reasons():
+    from rest_lsp.model.precision import disagreement
+
+    data = {"fp32": {"step_ms": 60.0}, "bf16": {"step_ms": 70.0}}
+    assert disagreement(data, "fp32", 62.0) is None
+    assert "1.67x" in disagreement(data, "fp32", 100.0)  # slower than measured
+    assert "under load" in disagreement(data, "fp32", 40.0)  # faster than measured
+    # bf16 in use (its prompt chunk was cheaper, say), live at 85 ms: within 1.5x of its 70, but fp32's 60 x 1.3
+    # = 78 is clearly below it
+    assert "fp32 measured 60.0" in disagreement(data, "bf16", 85.0)
+    assert disagreement(data, "bf16", 75.0) is None
+    assert disagreement({"reason": "no candidates"}, "fp32", 500.0) is None
+
+
+def test_a_disagreement_that_remeasuring_kept_is_only_reported_in_the_end(tiny, cpu):
+    from rest_lsp.model import precision
+
+    w = precision.LIVE_WINDOW
+    for i in range(precision.MAX_LIVE_REMEASURES + 1):
+        data = precision.read_cached(precision.cache_file(tiny.name)) if i else \
+            _settle(tiny, precision, {"fp32": [60.0], "bf16": [70.0]})[1]
+        check = precision.LiveCheck(tiny.name, data)
+        due = check.observe([120.0] * w, [0] * w)  # always slower live (a lasting reason): remeasuring keeps fp32
+        if i < precision.MAX_LIVE_REMEASURES:
+            assert due
+            timer, _ = fake_timer({"fp32": [60.0], "bf16": [70.0]})
+            assert precision.run_to_end(check.remeasure(lambda: tiny, timer=timer))["live_remeasures"] == i + 1
+        else:
+            assert not due and check.action == "reported only" and check.verdict == "disagrees"
+            assert not precision.needs_measuring(precision.read_cached(precision.cache_file(tiny.name)))
 
 
 def test_as_bf16_converts_the_weights(tiny):
@@ -55,31 +220,18 @@ def test_as_bf16_converts_the_weights(tiny):
     assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
 
 
-def _ordered_timing(monkeypatch, precision, step_ms: list[float]):
-    """time_forwards as measured, with step_ms replaced in call order (fp32, bf16, int8)."""
-    calls = []
-    real = precision.time_forwards
-
-    def fake(verifier, vocab):
-        calls.append(verifier)
-        return {**real(verifier, vocab), "step_ms": step_ms[len(calls) - 1]}
-
-    monkeypatch.setattr(precision, "time_forwards", fake)
-    return calls
-
-
 def test_int8_is_opt_in_for_a_model_without_a_quality_figure(tiny, monkeypatch, tmp_path):
     from rest_lsp.model import fast, precision
 
     monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     assert tiny.name not in precision.INT8_QUALITY
-    calls = _ordered_timing(monkeypatch, precision, [5.0, 4.0, 5.0, 4.0])  # int8, were it timed, never is
-    choice, data = precision.choose(tiny)
-    assert choice == "bf16" and len(calls) == 2 and "int8" not in data
+    timer, calls = fake_timer({"fp32": [5.0], "bf16": [4.0], "int8": [1.0]})  # int8, were it timed, never is
+    choice, data = precision.choose(tiny, timer=timer)
+    assert choice == "bf16" and set(rounds(calls)) == {"fp32", "bf16"} and "int8" not in data
     # a measured loss beyond INT8_MAX_LOSS keeps it out too
     monkeypatch.setitem(precision.INT8_QUALITY, tiny.name, -(precision.INT8_MAX_LOSS + 1))
-    assert precision.choose(tiny, force=True)[0] == "bf16" and len(calls) == 4
+    assert precision.choose(tiny, force=True, timer=timer)[0] == "bf16" and set(rounds(calls)) == {"fp32", "bf16"}
 
 
 def test_int8_chosen_where_its_quality_passed_and_it_is_cheapest(tiny, monkeypatch, tmp_path):
@@ -89,11 +241,12 @@ def test_int8_chosen_where_its_quality_passed_and_it_is_cheapest(tiny, monkeypat
     monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     monkeypatch.setitem(precision.INT8_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)
-    calls = _ordered_timing(monkeypatch, precision, [5.0, 4.0, 1.0, 5.0, 4.0, 9.0])
-    choice, data = precision.choose(tiny)
-    assert choice == "int8" and set(data) >= {"fp32", "bf16", "int8"} and len(calls) == 3
+    timer, calls = fake_timer({"fp32": [5.0], "bf16": [4.0], "int8": [1.0]})
+    choice, data = precision.choose(tiny, timer=timer)
+    assert choice == "int8" and set(data) >= {"fp32", "bf16", "int8"} and set(rounds(calls)) == {"fp32", "bf16", "int8"}
     assert not is_int8(tiny.model)  # measured on a copy
-    assert precision.choose(tiny, force=True)[0] == "bf16"  # int8 dearer now: the cheapest wins
+    dearer, _ = fake_timer({"fp32": [5.0], "bf16": [4.0], "int8": [9.0]})
+    assert precision.choose(tiny, force=True, timer=dearer)[0] == "bf16"  # int8 dearer now: the cheapest wins
 
 
 def test_as_int8_converts_the_linear_layers(tiny):
@@ -116,13 +269,16 @@ def test_int8w_chosen_where_its_quality_passed_even_without_native_bf16(tiny, mo
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     assert precision.choose(tiny)[0] == "fp32"  # no figure for this model: int8w is opt-in
     monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)
-    calls = _ordered_timing(monkeypatch, precision, [5.0, 2.0, 5.0, 9.0])  # fp32, int8w (no bf16 on this CPU)
-    choice, data = precision.choose(tiny)
-    assert choice == "int8w" and set(data) >= {"fp32", "int8w"} and "bf16" not in data and len(calls) == 2
+    timer, calls = fake_timer({"fp32": [5.0], "bf16": [1.0], "int8w": [2.0]})  # no bf16 on this CPU
+    choice, data = precision.choose(tiny, timer=timer)
+    assert choice == "int8w" and set(data) >= {"fp32", "int8w"} and "bf16" not in data
+    assert set(rounds(calls)) == {"fp32", "int8w"}
     assert not any(isinstance(m, Int8WeightLinear) for m in tiny.model.modules())  # measured on a copy
-    assert precision.choose(tiny, force=True)[0] == "fp32"  # int8w dearer now: the cheapest wins
+    dearer, calls = fake_timer({"fp32": [5.0], "int8w": [9.0]})
+    assert precision.choose(tiny, force=True, timer=dearer)[0] == "fp32"  # int8w dearer now: the cheapest wins
     monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, -(precision.INT8_MAX_LOSS + 1))
-    assert precision.choose(tiny, force=True)[0] == "fp32" and len(calls) == 4  # a loss too large: not timed
+    assert precision.choose(tiny, force=True, timer=dearer)[0] == "fp32"  # a loss too large: not timed
+    assert set(rounds(calls)) == {"fp32", "int8w"} and rounds(calls).count("int8w") == precision.ROUNDS
 
 
 @pytest.mark.skipif(not weight_int8_exact(), reason="int8w is refused where its kernel is not batch-invariant")
