@@ -43,11 +43,63 @@ def column(line: str, n: int, encoding: str) -> int:
     return len(raw[:2 * n].decode("utf-16-le", "ignore")) + max(0, n - len(raw) // 2)
 
 
+def _common_prefix(a: str, b: str, limit: int) -> int:
+    """Length of the common prefix of a and b, at most `limit`: a binary search over slice comparisons, so the
+    characters are compared at C speed (a 1 MB buffer in well under a millisecond) instead of one at a time."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    na, nb = len(a), len(b)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[na - mid:na - lo] == b[nb - mid:nb - lo]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def changed_span(old: str, new: str) -> tuple[int, int, int] | None:
+    """The one edit that turns `old` into `new`, as (start, old end, new end) offsets: new[start:new end]
+    replaced old[start:old end]; None when the texts are equal. Found from the common prefix and then the
+    common suffix of what is left, so where a typed character repeats its neighbour ("aa") the insertion is
+    placed after the run, where the cursor is."""
+    if old == new:
+        return None
+    p = _common_prefix(old, new, min(len(old), len(new)))
+    s = _common_suffix(old, new, min(len(old), len(new)) - p)
+    return p, len(old) - s, len(new) - s
+
+
+def edit_end(old: str, new: str) -> tuple[int, int] | None:
+    """Where the cursor most likely is after a whole-text change from `old` to `new`: the end of the text it
+    inserted (a deletion: where the deleted text was), as (line, code-point column) with lines broken at
+    \n; None when nothing changed. A client that sends the whole text says nothing else about the cursor."""
+    span = changed_span(old, new)
+    if span is None:
+        return None
+    end = span[2]
+    line_start = new.rfind("\n", 0, end) + 1
+    return new.count("\n", 0, end), end - line_start
+
+
 class FastTextDocument(TextDocument):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._starts: np.ndarray | None = None     # offsets where lines start; None: not known yet
         self._plain: bool | None = None            # lines break at \n (or \r\n) only; None: not known yet
+        # the cursor guessed from the last whole-text change (edit_end), None after any other change: what
+        # the server warms and predicts at for a client that sends only whole texts
+        self.full_change_end: tuple[int, int] | None = None
 
     @property
     def _encoding(self) -> str:
@@ -95,6 +147,7 @@ class FastTextDocument(TextDocument):
         return int(starts[pos.line]) + min(column(text, pos.character, self._encoding), len(text))
 
     def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
+        self.full_change_end = None
         text = change.text
         if not self.plain or _OTHER_BREAKS.search(text) is not None:
             super()._apply_incremental_change(change)     # pygls' line semantics, at pygls' cost
@@ -115,8 +168,10 @@ class FastTextDocument(TextDocument):
             self._starts = self._plain = None
 
     def _apply_full_change(self, change) -> None:
+        old = self.source
         super()._apply_full_change(change)
         self._starts = self._plain = None
+        self.full_change_end = edit_end(old, self.source)
 
 
 def install(workspace) -> None:

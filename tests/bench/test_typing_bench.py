@@ -183,3 +183,73 @@ def test_the_first_method_is_compared_with_each_other_one_body_by_body():
     assert "characters accepted rest@int8w - rest@fp32: mean +1.5" in text
     assert "rest@int8w more in 1, rest@fp32 more in 0, equal in 1" in text
     assert "characters accepted rest@int8w - plain@fp32: mean +6.0" in text
+
+
+def test_a_method_may_carry_its_client():
+    assert T.method_client("rest") == ("rest", "project")
+    assert T.method_client("rest@int8w:plain") == ("rest@int8w", "plain")
+    assert T.method_client("plain", default="plain") == ("plain", "plain")
+    assert T.method_client("rest:project", default="plain") == ("rest", "project")
+    with pytest.raises(SystemExit, match="unknown client"):
+        T.method_client("rest:vim")
+    with pytest.raises(SystemExit, match="its own client"):
+        T.method_client(f"{T.PEER}:plain")
+
+
+class RecordingServer:
+    """What a client sends, in order; every inline completion is answered empty (no rest/suggestionReady comes)."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, object]] = []
+        self.client = self
+        self.protocol = self
+
+    def text_document_did_open(self, params):
+        self.sent.append(("open", params.text_document.text))
+
+    def text_document_did_change(self, params):
+        self.sent.append(("change", params.content_changes))
+
+    def notify(self, method, params):
+        self.sent.append((method, params))
+
+    def send_request_async(self, method, params, msg_id=None):
+        import asyncio
+        from types import SimpleNamespace
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(SimpleNamespace(items=[]))
+        self.sent.append(("request", params.position))
+        return fut
+
+
+@pytest.mark.parametrize("client", ["project", "plain"])
+def test_the_plain_client_sends_whole_texts_and_nothing_of_rest(monkeypatch, client):
+    import asyncio
+    import random
+    from lsprotocol import types
+    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.4 if ch == " " else 0.01)  # long enough for rest/cursor
+    monkeypatch.setattr(T, "START_S", 0.0)
+    opened = "def f(a):\n    \n"
+    body = T.Body(Path("x.py"), 1, 4, "return a + 1")
+    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
+             "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
+    server = RecordingServer()
+
+    async def run():
+        ed = T.CLIENTS[client](server, Path("/w/x.py"), opened)
+        await T.type_body(ed, body, random.Random(0), True, True, tally)
+        return ed
+
+    ed = asyncio.run(run())
+    assert "\n".join(ed.lines) == "def f(a):\n    return a + 1\n"
+    changes = [c for kind, cs in server.sent if kind == "change" for c in cs]
+    assert len(changes) == len(body.text) and tally["pauses"] == 3 and tally["empty"] == 3   # after each space
+    notes = [kind for kind, _ in server.sent if kind.startswith("rest/")]
+    if client == "plain":
+        assert all(isinstance(c, types.TextDocumentContentChangeWholeDocument) for c in changes)
+        assert changes[-1].text == "def f(a):\n    return a + 1\n"      # the whole text after each key
+        assert notes == [] and not T.PlainEditor.asks_again
+    else:
+        assert all(isinstance(c, types.TextDocumentContentChangePartial) for c in changes)
+        assert server.sent[1][0] == "rest/cursor"                        # said before the first key
+        assert notes.count("rest/cursor") == 4                           # and at each long pause

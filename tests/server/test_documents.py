@@ -13,7 +13,7 @@ from pygls.workspace.position_codec import PositionCodec
 from pygls.workspace.text_document import TextDocument
 
 from indexer.secrets import clean
-from rest_lsp.documents import FastTextDocument, column, units
+from rest_lsp.documents import FastTextDocument, changed_span, column, edit_end, units
 from rest_lsp.service.live import CHUNK_CHARS, LONG_LINE, LiveBuffer, split_lines
 
 ALPHABET = st.sampled_from(list("abc xyz\t\n") + ["\r\n", "é", "😀", "中", "ﬀ"])
@@ -57,6 +57,49 @@ def test_fast_documents_apply_edits_as_pygls_does(data, start, encoding):
             n = slow.position_codec.client_num_units(text.rstrip("\r\n"))
             assert fast.columns(types.Position(line, n)) == (line, len(text.rstrip("\r\n")))
             assert units(text, encoding) == slow.position_codec.client_num_units(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.lists(ALPHABET, max_size=40), data=st.data())
+def test_a_whole_text_change_is_located_by_its_common_prefix_and_suffix(start, data):
+    old = "".join(start)
+    a = data.draw(st.integers(0, len(old)))
+    b = data.draw(st.integers(a, len(old)))
+    ins = "".join(data.draw(st.lists(ALPHABET, max_size=8)))
+    new = old[:a] + ins + old[b:]
+    span = changed_span(old, new)
+    if old == new:
+        assert span is None and edit_end(old, new) is None
+        return
+    p, old_end, new_end = span
+    assert new == old[:p] + new[p:new_end] + old[old_end:]          # one edit that gives the new text
+    assert new_end - p <= len(ins) and old_end - p <= b - a          # never more than what really changed
+    if a == b:   # an insertion: the guess is its end, or past it where the text after repeats what was typed
+        assert new_end >= a + len(ins) and new[a + len(ins):new_end] == new[a:new_end - len(ins)]
+    line, col = edit_end(old, new)
+    assert new.count("\n", 0, new_end) == line and new.split("\n")[line][:col] == new[new_end - col:new_end]
+
+
+def test_where_a_whole_text_change_leaves_the_cursor():
+    src = "def f(x):\n    return x\n"
+    assert edit_end(src, src.replace("return x", "return x + 1")) == (1, 16)     # typed at the line's end
+    assert edit_end(src, src.replace("x):", "xy):")) == (0, 8)                    # in the middle of a line
+    assert edit_end(src, src.replace("return x", "return")) == (1, 10)           # deleted: where it was
+    assert edit_end(src, src + "\ndef g():\n    pass") == (4, 8)                # a paste of several lines
+    assert edit_end("aa", "aaa") == (0, 3)                                       # a repeat: after the run
+    assert edit_end("s = '😀'\r\n", "s = '😀😀'\r\n") == (0, 7)                  # code points, as the service
+    assert edit_end(src, src) is None
+    big = "x = 1\n" * 200_000                                                   # 1.2 MB: cheap to locate
+    assert edit_end(big, big[:600_000] + "y" + big[600_000:]) == (100_000, 1)
+
+
+def test_a_document_keeps_the_cursor_of_its_last_whole_text_change():
+    doc = FastTextDocument("file:///a.py", "ab\ncd\n")
+    doc.apply_change(types.TextDocumentContentChangeWholeDocument(text="ab\ncXd\n"))
+    assert doc.source == "ab\ncXd\n" and doc.full_change_end == (1, 2)
+    doc.apply_change(types.TextDocumentContentChangePartial(
+        range=types.Range(types.Position(0, 0), types.Position(0, 0)), text="z"))
+    assert doc.full_change_end is None      # an incremental change says where it is itself
 
 
 def test_other_line_breaks_keep_pygls_semantics():

@@ -12,27 +12,7 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
-SOURCE = '''import os
-
-
-def read_config(path):
-    """Read a config file."""
-    with open(path) as f:
-        return f.read()
-
-
-def main():
-    
-'''
-
-
-async def wait_for(s, pred, what: str, timeout: float = 60):
-    for _ in range(int(timeout * 10)):
-        st = await s.stats()
-        if pred(st):
-            return st
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; stats: {json.dumps(st)[:2000]}\n{s.server_log()[-2000:]}")
+from e2e_common import SOURCE, wait_for
 
 
 def error_code(exc: JsonRpcException) -> int:
