@@ -5,7 +5,8 @@ A policy is a preset name or a comma-separated `source=share` list; shares are n
 present, once, by the drafter (rest_lsp/engine/drafter.py):
 
     rest    the prompt and open buffers (context), the model's earlier output (history), the user's workspace
-            datastores (repository), a corpus datastore (corpus), the model's own recent top-k (recycle)
+            datastores (repository), a corpus datastore (corpus), the model's own recent top-k (recycle), the
+            repository snippets a prompt's cross-file block holds (snippets; rest_lsp/service/crossfile.py)
     paper   REST as published: the corpus only, first k=5000 matches in suffix-array order, raw counts
     pld     prompt lookup as a tree: the context alone
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from .sources import (CORPUS_MAX_LEN, ContextSource, DatastoreSource, DraftSource, HistorySource, PaperSource,
-                      RecyclingSource)
+                      RecyclingSource, SnippetSource)
 
-SHARES = {"context": 0.5, "history": 0.2, "repository": 0.3, "corpus": 0.2, "recycle": 0.05}
+SHARES = {"context": 0.5, "history": 0.2, "repository": 0.3, "corpus": 0.2, "recycle": 0.05, "snippets": 0.5}
 PRESETS = {"rest": SHARES, "paper": {"paper": 1.0}, "pld": {"context": 1.0}}
-SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper")
+SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper", "snippets")
 
 
 class PolicyError(ValueError):
@@ -49,7 +50,8 @@ def parse_policy(spec: str) -> list[tuple[str, float]]:
 
 
 def make_sources(spec: str = "rest", *, context: ContextSource | None = None, history: HistorySource | None = None,
-                 repository=None, corpus=None, strict: bool = False) -> list[tuple[DraftSource, float]]:
+                 repository=None, corpus=None, snippets: SnippetSource | None = None,
+                 strict: bool = False) -> list[tuple[DraftSource, float]]:
     """[(source, share)] for a policy. `context`/`history`: the instances to draft from (the daemon feeds open
     buffers into its ContextSource and keeps its HistorySource on disk); new ones otherwise. `repository` and
     `corpus`: datastores (indexer.store.Datastore, or the daemon's DatastoreSet of workspace folders); a source
@@ -63,6 +65,9 @@ def make_sources(spec: str = "rest", *, context: ContextSource | None = None, hi
             sources.append((history if history is not None else HistorySource(), share))
         elif name == "recycle":
             sources.append((RecyclingSource(), share))
+        elif name == "snippets":
+            if snippets is not None:
+                sources.append((snippets, share))
         elif name == "paper":
             if corpus is None:
                 raise PolicyError("draft source 'paper' needs a corpus datastore (--datastore DIR)")

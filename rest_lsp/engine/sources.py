@@ -162,6 +162,21 @@ class ContextSource(_MatchingSource):
         return context, joined[1], joined[2]
 
 
+class SnippetSource(ContextSource):
+    """Prompt lookup over the repository snippets the prompts hold (rest_lsp/service/crossfile.py): the same
+    matches ContextSource finds in a prompt's cross-file block, drafted and counted as their own source, so that
+    what the selected snippets are worth shows in the accepted tokens by source. The caller keeps one buffer per
+    document: the snippets of the block its prompts start with."""
+
+    name = "snippets"
+
+    def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        return [(b, False) for b in self.buffers.values()]
+
+    def _joined(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (_NO_TOKENS, *super()._joined(context)[1:])
+
+
 class HistorySource(_MatchingSource):
     """The tokens this process generated before (the latest `capacity`); generations never run together."""
 

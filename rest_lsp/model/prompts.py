@@ -208,9 +208,63 @@ def context_limit(tokenizer, model=None) -> int | None:
     return None
 
 
+# ---------------------------------------------------------------------------------- repository context
+REPO_TOKENS = ("<|repo_name|>", "<|file_sep|>")  # Qwen2.5-Coder's repository-level pretraining format
+# line comments by file extension, for the families without repository tokens (a path comment heads each file)
+_COMMENTS = {"#": (".py", ".pyi", ".rb", ".sh", ".bash", ".zsh", ".pl", ".r", ".jl", ".toml", ".yaml", ".yml",
+                   ".cfg", ".ini", ".cmake", ".ex", ".exs", ".nim", ".ps1", ".mk"),
+             "--": (".lua", ".sql", ".hs", ".elm", ".ada", ".adb"), ";": (".el", ".clj", ".scm", ".lisp"),
+             "%": (".erl", ".tex", ".m")}
+
+
+@dataclass(frozen=True)
+class RepoContext:
+    """Files of the repository other than the one being edited, for the start of the prompt.
+
+    `files`: (path, text) pairs, the least relevant first (the most relevant ends next to the current file);
+    `path`: the current file's path. Both relative to the repository, `name`. A prompt with a RepoContext
+    starts with its block, so a completion's KV cache of everything after it survives as long as the block
+    does (rest_lsp/service/crossfile.py keeps it stable)."""
+
+    name: str
+    path: str
+    files: tuple[tuple[str, str], ...] = ()
+
+
+def comment_for(path: str) -> str:
+    """The line-comment marker of a file's language (by extension; `//` for the C family and the unknown)."""
+    low = path.lower()
+    for mark, exts in _COMMENTS.items():
+        if low.endswith(exts):
+            return mark
+    return "//"
+
+
+def repo_block(tokenizer, fim: FimFormat | None, repo: RepoContext) -> tuple[list[int], str]:
+    """The repository block as (token ids before the FIM prefix marker, text that starts the prefix).
+
+    A tokenizer with Qwen2.5-Coder's repository tokens gets its pretraining layout, as token ids:
+        <|repo_name|>name\n <|file_sep|>path\ntext\n ... <|file_sep|>current path\n   then <|fim_prefix|>...
+    any other family (CodeLlama, StarCoder, DeepSeek, plain prompts) a text block that opens the prefix, each
+    file headed by a path comment, the current file's path last:
+        # Path: pkg/other.py\ntext\n ... # Path: pkg/current.py\n
+    """
+    vocab = _vocab(tokenizer)
+    files = [(p, t if t.endswith("\n") else t + "\n") for p, t in repo.files]
+    if all(t in vocab for t in REPO_TOKENS):
+        rn, fs = (vocab[t] for t in REPO_TOKENS)
+        ids = [rn] + _encode(tokenizer, f"{repo.name}\n")
+        for path, text in files:
+            ids += [fs] + _encode(tokenizer, f"{path}\n") + _encode(tokenizer, text)
+        return ids + [fs] + _encode(tokenizer, f"{repo.path}\n"), ""
+    mark = comment_for(repo.path)
+    text = "".join(f"{comment_for(p)} Path: {p}\n{t}" for p, t in files)
+    return [], text + f"{mark} Path: {repo.path}\n"
+
+
 def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | None, *,
                  middle: str = "", order: str = "psm", max_tokens: int | None = None,
-                 suffix_share: float = 0.25) -> list[int]:
+                 suffix_share: float = 0.25, repo: RepoContext | None = None) -> list[int]:
     """Token ids of the prompt for completing at the cursor between `prefix` + `middle` and `suffix`.
 
     - `fim` None or `suffix` None: a plain prefix prompt, enc(prefix) + enc(middle). Otherwise
@@ -223,11 +277,20 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None, fim: FimFormat | No
       drops tokens from the left of the prefix and keeps the end of the prefix; the suffix (its start, next
       to the cursor) keeps at most `suffix_share` of the budget when the prefix needs the room.
     - An empty prompt yields one start token (bos, else eos) so there is always something to condition on.
+    - `repo`: other files of the repository and the current file's path before the prefix (`repo_block`);
+      left out when it would take more than half of `max_tokens`, a text block cut from the left with the
+      prefix when the budget needs the room.
     Raises ValueError when `max_tokens` cannot hold even the format's own tokens plus one prefix token."""
     check_order_name(order)
     if max_tokens is None:
         max_tokens = context_limit(tokenizer)
     lead = _leading_special(tokenizer)
+    if repo is not None:
+        block, block_text = repo_block(tokenizer, fim, repo)
+        if max_tokens is not None and len(block) > max_tokens // 2:
+            block, block_text = [], ""
+        lead = lead + block
+        prefix = block_text + (prefix or "")
     use_fim = fim is not None and suffix is not None
     if use_fim:
         fim.check_order(order)

@@ -26,17 +26,20 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .config import MODEL_KEYS, ModelLimits, ServerConfig, check_against_model, merge
+from .config import MODEL_KEYS, ModelLimits, ServerConfig, check_against_model, cross_file_budget, merge
+from .crossfile import ContextKeeper, Cursor, RepoView, Selection, select as select_context
 from .datastores import DatastoreSet
 from .layout import Anchor, next_anchor
 from .prediction import Prediction, PredictionStore, View, answer
 from .prompt import CompletionContext, PositionError, Selected, build_context, shape_completion
 from .stats import Stats
 from .worker import AHEAD, INTERACTIVE, WARM, InferenceWorker, Job, JobAborted, ModelUnavailable
+from .workspace import uri_to_path
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +99,10 @@ class Backend(Protocol):
     name: str
 
     def start(self, key: str, ctx: CompletionContext, config: ServerConfig, *, purpose: str = "predict",
-              temperature: float = 0.0, seed: int | None = None) -> RunLike: ...
-    # purpose: "predict" (greedy, drafts unless draft_budget is 0), "warm" (prompt only), "sample"
+              temperature: float = 0.0, seed: int | None = None, anchor: int | None = None,
+              repo: Any = None) -> RunLike: ...
+    # purpose: "predict" (greedy, drafts unless draft_budget is 0), "warm" (prompt only), "sample";
+    # repo: the cross-file block the prompt starts with (rest_lsp/model/prompts.py RepoContext)
 
     def advance(self, run: RunLike) -> None: ...
 
@@ -138,6 +143,15 @@ class CompletionService:
         self._watches: set[asyncio.Task] = set()
         self._anchors: OrderedDict[str, Anchor] = OrderedDict()  # where each document's prompt middle starts
         self._anchors_lock = threading.Lock()
+        # cross-file context (rest_lsp/service/crossfile.py): one block per document, selected on a thread of
+        # its own (the latest request per document), its prompt computed in the background before it is used
+        self.crossfile = ContextKeeper()
+        self._views: dict[str, RepoView] = {}
+        self._places: OrderedDict[str, tuple[str, int, int]] = OrderedDict()  # uri -> (text, line, column)
+        self._active: str | None = None
+        self._selecting: dict[str, tuple] = {}   # uri -> the latest (text, ctx) to select for
+        self._selecting_lock = threading.Lock()
+        self._selector = ThreadPoolExecutor(1, thread_name_prefix="rest-lsp-context")
         self._apply_log_path()
 
     # -- lifecycle and configuration --------------------------------------------------------------
@@ -203,6 +217,7 @@ class CompletionService:
         self.stats.request_log = Path(path).expanduser() if path else None
 
     def close(self) -> None:
+        self._selector.shutdown(wait=False, cancel_futures=True)
         stopped = self.worker.close()
         backend = self.worker.backend
         if stopped and backend is not None and hasattr(backend, "close"):
@@ -213,13 +228,14 @@ class CompletionService:
                          language: str | None = None) -> None:
         """An edit (didOpen/didChange) with the cursor where it left it, or the cursor resting (rest/cursor).
         Predictions the edit contradicts stop; unless a prediction still covers the cursor, the document's KV
-        cache is extended there at low priority. No position (a whole-text change): nothing to warm."""
+        cache is extended there at low priority. No position (nothing changed): nothing to warm."""
         if line is None or column is None or not self._serves(language, text):
             return
         try:
             ctx = build_context(text, line, column)
         except PositionError:
             return
+        self._note_place(uri, text, ctx)
         covered = False
         for pred in self.predictions.of(uri):
             v = pred.view(ctx)
@@ -237,7 +253,21 @@ class CompletionService:
         self.stats.count("cursor_notifications")
         self.document_changed(uri, text, line, column, language)
 
+    def document_saved(self, uri: str) -> None:
+        """A save: the place joins the recent-files ring and the document's block is selected again."""
+        place = self._places.get(uri)
+        if place is None or not self.config.cross_file:
+            return
+        text, line, column = place
+        self._remember(uri, text, line)
+        try:
+            self._request_selection(uri, text, build_context(text, line, column))
+        except PositionError:
+            pass
+
     def document_closed(self, uri: str) -> None:
+        self.crossfile.forget(uri)
+        self._places.pop(uri, None)
         self._drop_predictions(self.predictions.forget(uri), "stale")
         for job in self.worker.jobs(key=uri, kind="warm"):
             self.worker.stop(job, "stale")
@@ -252,8 +282,10 @@ class CompletionService:
         cfg = self.config
         stats = self.stats
 
+        repo = self.repo_for(uri)
+
         def warm(backend: Backend):
-            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor)
+            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=repo)
             try:
                 while not run.done:
                     backend.advance(run)
@@ -268,18 +300,138 @@ class CompletionService:
         self.stats.count("warmups")
         self.worker.submit(Job(uri, warm, kind="warm", priority=WARM))
 
+    # -- cross-file context (rest_lsp/service/crossfile.py) ------------------------------------------
+    def repo_for(self, uri: str):
+        """The block the document's prompts start with now (None: none yet, or cross-file context is off)."""
+        if not self.config.cross_file:
+            return None
+        sel = self.crossfile.current(uri)
+        return sel.repo if sel is not None else None
+
+    def _remember(self, uri: str, text: str, line: int) -> None:
+        path = uri_to_path(uri)
+        if path is not None:
+            self.crossfile.ring.add(str(path), text, line)
+
+    def _note_place(self, uri: str, text: str, ctx: CompletionContext) -> None:
+        """Where the person is. Leaving a file puts its place into the recent-files ring; a file switch or a new
+        name at the cursor asks for a new selection (a keystroke otherwise keeps the block)."""
+        if not self.config.cross_file:
+            return
+        prev = self._active
+        if prev is not None and prev != uri and prev in self._places:
+            ptext, pline, _ = self._places[prev]
+            self._remember(prev, ptext, pline)
+        self._active = uri
+        self._places[uri] = (text, ctx.line, ctx.column)
+        self._places.move_to_end(uri)
+        while len(self._places) > 64:
+            self._places.popitem(last=False)
+        line_after = ctx.suffix.split("\n", 1)[0]
+        if prev != uri or self.crossfile.new_names(uri, ctx.prefix, line_after):
+            self._request_selection(uri, text, ctx)
+
+    def _request_selection(self, uri: str, text: str, ctx: CompletionContext) -> None:
+        """Select the document's block on the selection thread; only the latest request of a document runs."""
+        with self._selecting_lock:
+            first = uri not in self._selecting
+            self._selecting[uri] = (text, ctx)
+        if first:
+            try:
+                self._selector.submit(self._select, uri)
+            except RuntimeError:  # shut down
+                self._selecting.pop(uri, None)
+
+    def _select(self, uri: str) -> None:
+        with self._selecting_lock:
+            text, ctx = self._selecting.pop(uri, (None, None))
+        backend = self.worker.backend
+        if text is None or backend is None:
+            return
+        try:
+            t0 = time.perf_counter()
+            sel = self.selection_for(backend, uri, text, ctx)
+            self.stats.count("context_selections")
+            self.stats.count("context_select_ms", round((time.perf_counter() - t0) * 1000))
+        except Exception:  # noqa: BLE001 - completions go on with the block they have
+            log.exception("cross-file selection failed for %s", uri)
+            return
+        if sel is not None and self.crossfile.offer(uri, sel):
+            self._warm_context(uri, ctx, sel)
+
+    def selection_for(self, backend, uri: str, text: str, ctx: CompletionContext) -> Selection | None:
+        """The cross-file block for a cursor, from the workspace datastores the service holds now."""
+        encode, decode = text_codec(backend)
+        loaded = getattr(backend, "loaded", None)
+        device = getattr(getattr(loaded, "device", None), "type", "cpu")
+        views = []
+        for key in self.repository.keys():
+            store = self.repository.get(key)
+            if store is None or not hasattr(store, "documents"):
+                continue
+            view = self._views.get(key)
+            if view is None or view.store is not store:
+                view = self._views[key] = RepoView(Path(key), store, encode, decode)
+            views.append(view)
+        path = uri_to_path(uri)
+        cur = Cursor(str(path) if path is not None else None, ctx.prefix, ctx.suffix.split("\n", 1)[0], text)
+        return select_context(views, cur, budget=cross_file_budget(self.config, device),
+                              selectors=self.config.cross_file_selectors, ring=self.crossfile.ring, encode=encode)
+
+    def use_context_now(self, uri: str, text: str, ctx: CompletionContext) -> Selection | None:
+        """Select the document's block here and use it from the next prompt on (a one-shot completion, the
+        benchmarks: nothing to keep warm). The model must be loaded."""
+        backend = self.worker.backend
+        if not self.config.cross_file or backend is None:
+            return None
+        self._active = uri
+        self._places[uri] = (text, ctx.line, ctx.column)
+        sel = self.selection_for(backend, uri, text, ctx)
+        if sel is not None:
+            self.crossfile.set_current(uri, sel)
+        return sel
+
+    def _warm_context(self, uri: str, ctx: CompletionContext, sel: Selection) -> None:
+        """Compute the prompt with the new block behind everything else; it becomes the document's block only
+        when that is done, so no keystroke waits for it."""
+        for job in self.worker.jobs(key=uri, kind="context"):
+            self.worker.stop(job, "superseded")
+        cfg = self.config
+        stats = self.stats
+        anchor = self._anchor(uri, ctx)
+
+        def warm(backend: Backend):
+            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=sel.repo)
+            try:
+                while not run.done:
+                    backend.advance(run)
+                    yield
+                self.crossfile.promote(uri, sel)
+            finally:
+                backend.stop(run, "stopped")
+                stats.count("context_warm_tokens", backend.figures(run).get("computed_tokens", 0))
+
+        job = Job(uri, warm, kind="context", priority=AHEAD)
+        # stopped or dropped before the block was computed: it is not pending any more, so that the next
+        # selection offers it again instead of finding it "unchanged"
+        job.future.add_done_callback(lambda f: self.crossfile.withdraw(uri, sel))
+        self.worker.submit(job)
+
     # -- predictions ------------------------------------------------------------------------------
     def _predict(self, uri: str, ctx: CompletionContext, *, origin: str, priority: int) -> Prediction:
         pred = Prediction(uri, ctx, origin)
         cfg = self.config
         stats = self.stats
         anchor = self._anchor(uri, ctx)
+        sel = self.crossfile.current(uri) if cfg.cross_file else None
+        pred.context = sel
+        repo = sel.repo if sel is not None else None
 
         # a prediction started by a key computes its prompt in a warm-up's small chunks: a request pre-empts it
         purpose = "typing" if origin == "typing" else "predict"
 
         def predict(backend: Backend):
-            run = backend.start(uri, ctx, cfg, purpose=purpose, anchor=anchor)
+            run = backend.start(uri, ctx, cfg, purpose=purpose, anchor=anchor, repo=repo)
             aborted = "stopped"
             try:
                 while not run.done:
@@ -362,10 +514,13 @@ class CompletionService:
             return finish("skipped", [], reason=skipped)
         ctx = self._request_context(req, finish)
         rec["mode"] = "multi" if ctx.multiline else "single"
+        self._note_place(req.uri, req.text, ctx)
         self._supersede_waiters(req.uri)  # a newer request wins over older ones still waiting (Neovim
         # does not cancel them)
         pred, source = self._prediction_for(req.uri, ctx)
         rec["source"], rec["model_call"] = source, source == "new"
+        sel = getattr(pred, "context", None)
+        rec["context"] = {"tokens": sel.tokens, "snippets": sel.describe()} if sel is not None else None
         text, why = await self._wait_as_waiter(req, ctx, pred, t0, finish, self._new_waiter(req.uri))
         if not text and why in ("prompt_budget", "time") and self.on_ready is not None:
             self._watch(req, ctx, pred)
@@ -563,10 +718,11 @@ class CompletionService:
             if end is not None and end - time.perf_counter() <= 0.05:
                 break
             deadline = end
+            repo = self.repo_for(uri)
 
             def sample(backend: Backend, seed=seed, deadline=deadline):
                 run = backend.start(uri, ctx, cfg, purpose="sample", temperature=SAMPLING_TEMPERATURE, seed=seed,
-                                    anchor=anchor)
+                                    anchor=anchor, repo=repo)
                 try:
                     while not run.done and (deadline is None or time.perf_counter() < deadline):
                         backend.advance(run)
@@ -598,6 +754,7 @@ class CompletionService:
         s["predictions"] = {"kept": len(preds), "live": sum(p.live for p in preds),
                             "documents": len({p.uri for p in preds})}
         s["config"] = {k: v for k, v in vars(self.config).items()}
+        s["cross_file"] = self.crossfile.snapshot()
         return s
 
 
@@ -607,6 +764,18 @@ class _Waiter:
     def __init__(self) -> None:
         self.changed = asyncio.Event()
         self.superseded = False
+
+
+def text_codec(backend) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """encode/decode with the model's tokenizer for threads other than the inference thread (the datastores'
+    `tokenizers` copy where the backend has one)."""
+    from tokenizers import Tokenizer
+
+    tok = backend.tokenizer_spec() if hasattr(backend, "tokenizer_spec") else None
+    if isinstance(tok, Tokenizer):
+        return (lambda t: tok.encode(t, add_special_tokens=False).ids), \
+            (lambda ids: tok.decode(ids, skip_special_tokens=False))
+    return backend.encode, backend.decode
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:

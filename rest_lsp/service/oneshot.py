@@ -68,6 +68,8 @@ def run_complete(path: Path, line: int, column: int, *, settings: dict, workspac
         if f is not None:
             ws_info = {"folder": str(f.root), "state": f.state, "error": f.error, "datastore": str(f.store_dir),
                        "indexed_s": f.indexed_s, "detail": f.detail}
+    # one request, nothing to keep warm: the cross-file block is selected before it, not in the background
+    context = service.use_context_now(uri, text, build_context(text, line, column))
     req = CompletionRequest(uri, text, line, column, automatic=not invoked,
                             language=LANGUAGE_IDS.get(path.suffix.lstrip(".").lower(), path.suffix.lstrip(".") or None))
     try:
@@ -97,15 +99,17 @@ def run_complete(path: Path, line: int, column: int, *, settings: dict, workspac
                     "prefill_ms": f.get("prefill_ms", 0.0), "retrieval_ms": f.get("retrieval_ms", 0.0),
                     "forward_ms": f.get("forward_ms", 0.0), "stop_reason": f.get("stop_reason")},
         "workspace": ws_info,
+        "context": context.describe() if context is not None else [],
     }
     if compare:
         ctx = build_context(text, line, column)
         cfg = replace(service.config, draft_budget=0)
+        repo = service.repo_for(uri)  # the same prompt as the request's
 
         def plain_run(backend):
             backend.reset_kv_cache()  # the REST run above started cold too
             t0 = time.perf_counter()
-            run = backend.start(uri, ctx, cfg)
+            run = backend.start(uri, ctx, cfg, repo=repo)
             while not run.done:
                 backend.advance(run)
             return backend.figures(run), run.text, (time.perf_counter() - t0) * 1000

@@ -39,7 +39,7 @@ class FakeBackend:
         self.starts: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None):
+    def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None, repo=None):
         with self.lock:
             self.starts.append((purpose, ctx.prefix))
         text = self.respond(ctx) if purpose != "sample" else f"sampled {seed}"

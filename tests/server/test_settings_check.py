@@ -86,7 +86,7 @@ class Backend:
         self.fail = fail
         self.seen_max_tokens: list[int] = []
 
-    def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None):
+    def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None, repo=None):
         if self.fail is not None:
             raise self.fail
         self.seen_max_tokens.append(config.max_tokens)

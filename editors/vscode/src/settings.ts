@@ -20,6 +20,8 @@ export interface RestLspSettings {
   exclude: string[];
   indexWorkspace: boolean;
   persistHistory: boolean;
+  crossFile: boolean; // other files of the repository before the current one in the prompt
+  crossFileTokens: number | null; // their token budget; null: the server's per-device default
   requestLog: string;
   serverSettings: Record<string, unknown>; // more of the server's settings (camelCase), sent as they are
 }
@@ -45,6 +47,8 @@ export const DEFAULTS: RestLspSettings = {
   exclude: [],
   indexWorkspace: true,
   persistHistory: true,
+  crossFile: true,
+  crossFileTokens: null,
   requestLog: "",
   serverSettings: {},
 };
@@ -85,6 +89,8 @@ export function readSettings(get: SettingGetter): RestLspSettings {
     exclude: strs("exclude"),
     indexWorkspace: get<unknown>("indexWorkspace", true) !== false,
     persistHistory: get<unknown>("persistHistory", true) !== false,
+    crossFile: get<unknown>("crossFile", true) !== false,
+    crossFileTokens: num("crossFileTokens"),
     requestLog: str("requestLog", DEFAULTS.requestLog),
     serverSettings: more && typeof more === "object" && !Array.isArray(more) ? { ...(more as Record<string, unknown>) } : {},
   };
@@ -105,7 +111,9 @@ export function serverOptions(s: RestLspSettings): Record<string, unknown> {
     draftBudget: s.draftBudget,
     indexWorkspace: s.indexWorkspace,
     persistHistory: s.persistHistory,
+    crossFile: s.crossFile,
   };
+  if (s.crossFileTokens !== null) out.crossFileTokens = s.crossFileTokens;
   if (s.maxTokens !== null) out.maxTokens = s.maxTokens;
   if (s.maxLines !== null) out.maxLines = s.maxLines;
   if (s.timeBudgetMs !== null) out.timeBudgetMs = s.timeBudgetMs;

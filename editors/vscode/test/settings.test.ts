@@ -16,6 +16,7 @@ test("defaults leave the server's own defaults in force", () => {
     draftBudget: null,
     indexWorkspace: true,
     persistHistory: true,
+    crossFile: true,
     languages: null,
   });
 });
@@ -35,6 +36,8 @@ test("every server setting is sent under the server's camelCase key", () => {
     exclude: ["**/gen/**"],
     indexWorkspace: false,
     persistHistory: false,
+    crossFile: false,
+    crossFileTokens: 256,
     requestLog: "/tmp/requests.jsonl",
   };
   const s = readSettings(getter({ ...all, model: " /models/qwen " }));

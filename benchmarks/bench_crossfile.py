@@ -1,0 +1,194 @@
+"""Cross-file context measured on what a person would see: the suggestion the daemon's prompt gives with no
+other file, with each selector alone, and with all of them (rest_lsp/service/crossfile.py), on real code that
+is in no corpus.
+
+    .venv/bin/python benchmarks/bench_crossfile.py [--projects humanize==4.17.0,marshmallow==4.4.0,boltons==26.2.0]
+        [--bodies 8] [--configs none,definitions,similar,recent,all] [--tokens 512] [--json OUT]
+
+Per project (benchmarks/realcode.py), bodies of some files are removed as `bench_typing.py` removes them (the
+workspace is the project with those bodies gone: what is on disk while a person writes them), and the workspace
+is indexed as the daemon indexes it. Cases, per body: the first body line with nothing typed (a multi-line
+suggestion: is the whole body right?), and every line of it with the lines above typed (the cursor after the
+line's indentation: is the line right?). Every configuration completes every case through the daemon's own
+path (EngineBackend: the line layout with the body as the prompt's middle, greedy, drafts on); the recent-files
+ring holds the places of the cases before it in other files, as a person moving between files would leave it.
+Reported per configuration: first-line exact, whole-body exact, characters of the line right, the block's
+tokens, accepted tokens per step by draft source, and the distribution of accepted runs.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_typing import prepare  # noqa: E402
+from realcode import fetch_project  # noqa: E402
+from report import write_json  # noqa: E402
+
+PROJECTS = "humanize==4.17.0,marshmallow==4.4.0,boltons==26.2.0"
+CONFIGS = {"none": (), "definitions": ("definitions",), "similar": ("similar",), "recent": ("recent",),
+           "all": ("definitions", "similar", "recent")}
+
+
+def cases_of(files, bodies_per_project: int, seed: int) -> list[dict]:
+    """Per body: the body case and its line cases, bodies in a shuffled order across files. A file's bodies are
+    typed top-down (as in bench_typing.py): the bodies above one are there, the ones below it still removed."""
+    bodies = []
+    for path, opened, bs in files:
+        lines = opened.split("\n")
+        for body in bs:  # in file order: `body.line` is its line once the bodies above are typed
+            body_lines = (" " * body.indent + body.text).split("\n")
+            bodies.append((path, list(lines), body, body_lines))
+            lines[body.line:body.line + 1] = body_lines
+    random.Random(seed).shuffle(bodies)
+    out = []
+    for path, lines, body, body_lines in bodies[:bodies_per_project]:
+        for i in range(len(body_lines)):
+            typed = lines[:body.line] + body_lines[:i]
+            cur = body_lines[i]
+            indent = len(cur) - len(cur.lstrip())
+            if not cur.strip():
+                continue
+            doc = "\n".join(typed + [cur[:indent]] + lines[body.line + 1:])
+            case = {"file": path, "line": body.line + i, "col": indent, "doc": doc, "target": cur[indent:].rstrip(),
+                    "body_start": len("\n".join(lines[:body.line])) + 1 if body.line else 0, "kind": "line"}
+            out.append(case)
+            if i == 0:
+                out.append({**case, "kind": "body", "target": "\n".join(ln.rstrip() for ln in body_lines)[indent:]
+                            .rstrip()})
+    return out
+
+
+def run(args, log) -> dict:
+    from indexer.store import Datastore
+    from rest_lsp.service.backend import load_backend
+    from rest_lsp.service.config import ServerConfig
+    from rest_lsp.service.core import text_codec
+    from rest_lsp.service.crossfile import Cursor, RecentRing, RepoView, select
+    from rest_lsp.service.prompt import build_context, shape_completion
+
+    cfg = ServerConfig(model=args.model, precision=args.precision, persist_history=False,
+                       index_workspace=False, max_tokens=args.max_tokens)
+    t0 = time.perf_counter()
+    backend = load_backend(cfg)
+    encode, decode = text_codec(backend)
+    log(f"model {backend.name} ({backend.loaded.precision}, {backend.verifier_kind}) loaded in "
+        f"{time.perf_counter() - t0:.1f} s")
+    configs = args.configs.split(",")
+    rows: dict[str, list] = {c: [] for c in configs}
+    report: dict = {"command": " ".join(sys.argv), "model": backend.name, "precision": backend.loaded.precision,
+                    "tokens": args.tokens, "projects": {}}
+    for spec in args.projects.split(","):
+        root = fetch_project(spec)
+        with tempfile.TemporaryDirectory() as tmp:
+            ws, files = prepare(root, args.files, args.bodies, args.seed, Path(tmp))
+            store = Datastore.build([ws], Path(tmp) / "ds", tokenizer=backend.tokenizer_spec())
+            view = RepoView(ws, store, encode, decode)
+            todo = cases_of(files, args.bodies, args.seed)
+            report["projects"][spec] = {"cases": len(todo), "files": [str(p.relative_to(ws)) for p, _, _ in files]}
+            log(f"{spec}: {len(todo)} cases, {len(store.documents)} files indexed")
+            for conf in configs:
+                backend.history.reset([])  # each configuration drafts from its own output and snippets only
+                backend.clear_snippets()
+                ring = RecentRing()
+                prev = None
+                for k, case in enumerate(todo):
+                    if prev is not None and prev["file"] != case["file"]:
+                        ring.add(str(prev["file"]), prev["doc"], prev["line"])
+                    prev = case
+                    ctx = build_context(case["doc"], case["line"], case["col"])
+                    repo, block = None, []
+                    if CONFIGS[conf]:
+                        sel = select([view], Cursor(str(case["file"]), ctx.prefix, ctx.suffix.split("\n", 1)[0],
+                                                    case["doc"]), budget=args.tokens, selectors=CONFIGS[conf],
+                                     ring=ring, encode=encode)
+                        repo, block = sel.repo, sel.describe()
+                    body = case["kind"] == "body"
+                    c = replace(cfg, max_lines=12 if body else 1, max_tokens=args.body_tokens if body else args.max_tokens)
+                    r = backend.start(f"{spec}:{conf}", ctx, c, anchor=case["body_start"], repo=repo)
+                    while not r.done:
+                        backend.advance(r)
+                    shown = shape_completion(r.text, ctx, max_lines=c.max_lines, truncated=False)
+                    f = backend.figures(r)
+                    target = case["target"]
+                    n = 0
+                    while n < min(len(shown), len(target)) and shown[n] == target[n]:
+                        n += 1
+                    rows[conf].append({"project": spec, "kind": case["kind"], "exact": shown.rstrip() == target,
+                                       "chars_right": n, "target_chars": len(target), "block_tokens":
+                                       sum(b["tokens"] for b in block), "snippets": block,
+                                       "prompt_tokens": f["prompt_tokens"], "steps": f["steps"],
+                                       "tokens": f["tokens"], "runs": list(r.run.result.accepted),
+                                       "by_source": f["accepted_sources"], "shown": shown, "target": target})
+                done = [x for x in rows[conf] if x["project"] == spec]
+                log(f"  {conf}: line exact {sum(x['exact'] for x in done if x['kind'] == 'line')} / "
+                    f"{sum(x['kind'] == 'line' for x in done)}, body exact "
+                    f"{sum(x['exact'] for x in done if x['kind'] == 'body')} / {sum(x['kind'] == 'body' for x in done)}")
+    report["configs"] = {c: summary(rs) for c, rs in rows.items()}
+    if args.keep_cases:
+        report["cases"] = rows
+    return report
+
+
+def summary(rs: list[dict]) -> dict:
+    lines = [x for x in rs if x["kind"] == "line"]
+    bodies = [x for x in rs if x["kind"] == "body"]
+    steps = sum(x["steps"] for x in rs) or 1
+    by_source: Counter = Counter()
+    for x in rs:
+        by_source.update(x["by_source"])
+    runs = Counter(min(a, 8) for x in rs for a in x["runs"])
+    return {"lines": len(lines), "line_exact": round(sum(x["exact"] for x in lines) / max(1, len(lines)), 3),
+            "line_chars_right": round(sum(x["chars_right"] for x in lines) / max(1, sum(x["target_chars"] for x in lines)), 3),
+            "bodies": len(bodies), "body_exact": round(sum(x["exact"] for x in bodies) / max(1, len(bodies)), 3),
+            "body_chars_right": round(sum(x["chars_right"] for x in bodies) / max(1, sum(x["target_chars"] for x in bodies)), 3),
+            "block_tokens": round(sum(x["block_tokens"] for x in rs) / max(1, len(rs)), 1),
+            "accepted_per_step": round(sum(x["tokens"] for x in rs) / steps, 3),
+            "accepted_per_step_by_source": {k: round(v / steps, 3) for k, v in sorted(by_source.items())},
+            "accepted_runs": {("8+" if k == 8 else str(k)): v for k, v in sorted(runs.items())}}
+
+
+def table(report: dict) -> str:
+    out = [f"{'config':<12} {'lines':>5} {'line exact':>10} {'chars':>6} {'bodies':>6} {'body exact':>10} "
+           f"{'block tok':>9} {'acc/step':>8}  by source"]
+    for c, s in report["configs"].items():
+        out.append(f"{c:<12} {s['lines']:>5} {s['line_exact']:>10.3f} {s['line_chars_right']:>6.3f} {s['bodies']:>6} "
+                   f"{s['body_exact']:>10.3f} {s['block_tokens']:>9.1f} {s['accepted_per_step']:>8.3f}  "
+                   f"{s['accepted_per_step_by_source']}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--projects", default=PROJECTS)
+    p.add_argument("--files", type=int, default=4, help="files per project whose bodies are removed")
+    p.add_argument("--bodies", type=int, default=8, help="bodies per project")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--tokens", type=int, default=512, help="the cross-file block's token budget")
+    p.add_argument("--model", default=None)
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--body-tokens", type=int, default=96)
+    p.add_argument("--keep-cases", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    for c in args.configs.split(","):
+        if c not in CONFIGS:
+            p.error(f"unknown configuration {c!r}; one of {', '.join(CONFIGS)}")
+    report = run(args, lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(table(report))
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,605 @@
+"""Cross-file context: which code of the repository the model reads before the current file.
+
+The prompt of a completion starts with a block of other files' snippets and the current file's path
+(rest_lsp/model/prompts.py `repo_block`: Qwen2.5-Coder's `<|repo_name|>`/`<|file_sep|>` layout, path comments
+for other families). Three selectors fill it, each from what the daemon already holds:
+
+    definitions  the names used near the cursor (called, read, imported; not defined in the current file) looked
+                 up by exact token search in the workspace datastore's suffix arrays (indexer/locate.py); the
+                 files holding them give the definition (`def name`, `class name`: a class as its outline of
+                 members, a function as its first lines, `name = ...` at module level), or a use when no file
+                 defines it (a call site shows the call convention)
+    similar      the repository's code most like the cursor's window: every n-gram of the window's tokens
+                 searched in the suffix arrays, each occurrence voting for its file and line with the weight
+                 1/occurrences (a rare shared n-gram says more than a common one), the best-voted lines' region
+    recent       llama.vim's ring: the region around where the person was, in files they edited, saved or
+                 left (up to RING chunks; a chunk that repeats one already held replaces it)
+
+Snippets that repeat the current file's text are dropped, overlapping ones merged, and the best fill the token
+budget; the best goes last, next to the current file. All text comes from the workspace datastore (files the
+index admitted, secret lines masked) or, for the ring, from an indexed file's buffer masked the same way: an
+excluded file or a secret never enters a prompt.
+
+The block must stay put while the person types (the KV cache of everything after it is reused only then): a
+`ContextKeeper` holds one block per document and offers a new one only when the selection changes materially
+(another file, a save, a new name at the cursor); the service computes the new block's prompt in the background
+and switches to it only when that is done (rest_lsp/service/core.py).
+"""
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from indexer.secrets import clean
+from rest_lsp.model.prompts import RepoContext
+
+SELECTORS = ("definitions", "similar", "recent")
+WINDOW_LINES = 24          # the cursor's window: the lines before the cursor (and its line) the selectors read
+MAX_NAMES = 8              # names near the cursor looked up, the nearest first
+FILES_PER_NAME = 6         # files searched for one name's definition
+DEF_LINES = 18             # a function's definition: its signature and first lines
+CLASS_LINES = 40           # a class's outline: header, members and method signatures
+SIMILAR_N = 6              # tokens per n-gram of the similarity vote
+SIMILAR_MAX_COUNT = 32     # an n-gram found more often is boilerplate: it does not vote
+SIMILAR_LINES = 16         # lines of a similar region
+SIMILAR_MIN_VOTES = 3.0    # a region needs about three rare shared n-grams: one shared phrase is chance
+RING = 16                  # chunks kept in the recent-files ring
+RING_LINES = 16            # lines of a ring chunk
+SNIPPET_OVERHEAD = 8       # tokens of a snippet's path line in the block
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# the builtin types' methods too: `li.sort()` says nothing about the repository
+_COMMON = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {
+    m for t in (str, list, dict, set, tuple, bytes, int, float) for m in dir(t) if not m.startswith("_")} | {
+    "self", "cls", "args", "kwargs", "None", "True", "False", "i", "j", "k", "x", "y", "n", "s", "e", "f", "os",
+    "re", "sys", "np", "typing", "Any", "Optional", "List", "Dict", "Tuple", "Callable", "Path"}
+
+
+@dataclass(frozen=True)
+class Snippet:
+    path: str       # relative to the repository root
+    start: int      # first line, 0-based
+    end: int        # the line after the last
+    text: str
+    selector: str   # definitions | uses | similar | recent
+    score: float
+    tokens: int = 0
+
+    def describe(self) -> dict:
+        return {"file": self.path, "lines": [self.start + 1, self.end], "selector": self.selector,
+                "score": round(self.score, 3), "tokens": self.tokens}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A chosen block: what the prompt gets (`repo`), what it was chosen from (`names`), and why (`snippets`)."""
+    repo: RepoContext
+    snippets: tuple[Snippet, ...]
+    names: frozenset[str]
+    tokens: int
+
+    @property
+    def keys(self) -> frozenset:
+        return frozenset((s.path, s.start, s.end) for s in self.snippets)
+
+    def describe(self) -> list[dict]:
+        return [s.describe() for s in self.snippets]
+
+
+# ---------------------------------------------------------------------------------------------- text helpers
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
+def names_near(prefix: str, line_text: str = "", window: int = WINDOW_LINES) -> list[str]:
+    """Names used in the cursor's window, the nearest to the cursor first, without keywords, builtins and
+    one-letter names; names imported anywhere in the prefix come after them."""
+    lines = prefix.split("\n")
+    near = "\n".join(lines[-window:]) + line_text
+    seen: OrderedDict[str, None] = OrderedDict()
+    for m in reversed(list(_IDENT.finditer(near))):
+        name = m.group(0)
+        if name not in _COMMON and len(name) > 1:
+            seen.setdefault(name, None)
+    for m in re.finditer(r"^\s*from\s+[\w.]+\s+import\s+\(?([\w\s,]+)\)?|^\s*import\s+([\w., ]+)", prefix, re.M):
+        for name in _IDENT.findall(m.group(1) or m.group(2) or ""):
+            if name not in _COMMON and name not in ("as", "import"):
+                seen.setdefault(name, None)
+    return list(seen)
+
+
+def defined_names(text: str) -> set[str]:
+    """Names the text itself defines (def, class, top-level assignment): the prompt already shows them."""
+    out = set(re.findall(r"^\s*(?:async\s+def|def|class)\s+([A-Za-z_]\w*)", text, re.M))
+    out |= set(re.findall(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=[^=]", text, re.M))
+    return out
+
+
+def block_of(lines: list[str], at: int, limit: int) -> tuple[int, int]:
+    """[at, end): the line `at` and the lines indented deeper than it that follow (blank lines inside kept),
+    at most `limit` lines."""
+    base = _indent(lines[at])
+    end = at + 1
+    while end < len(lines) and end - at < limit:
+        ln = lines[end]
+        if ln.strip() and _indent(ln) <= base:
+            break
+        end += 1
+    while end > at + 1 and not lines[end - 1].strip():
+        end -= 1
+    return at, end
+
+
+def class_outline(lines: list[str], at: int, limit: int) -> str:
+    """A class as its header, docstring's first line and members: the method signatures and class-level
+    statements, not the method bodies (what a caller needs of it, in few tokens)."""
+    start, end = block_of(lines, at, 10 * limit)
+    base = _indent(lines[start])
+    member = None
+    out = [lines[start]]
+    i = start + 1
+    while i < end and len(out) < limit:
+        ln = lines[i]
+        if ln.strip():
+            ind = _indent(ln)
+            if member is None and ind > base:
+                member = ind
+            if ind == member:
+                out.append(ln)
+                # a signature over several lines: keep it whole
+                if re.match(r"\s*(async\s+def|def)\b", ln):
+                    while not ln.rstrip().endswith(":") and i + 1 < end and len(out) < limit:
+                        i += 1
+                        ln = lines[i]
+                        out.append(ln)
+        i += 1
+    return "\n".join(out)
+
+
+def definition_at(lines: list[str], name: str) -> tuple[int, int, str] | None:
+    """(start, end, text) of the first definition of `name` in a file's lines, or None."""
+    pat = re.compile(rf"^\s*(?:async\s+def|def|class)\s+{re.escape(name)}\b|^{re.escape(name)}\s*(?::[^=\n]*)?=[^=]")
+    for i, ln in enumerate(lines):
+        if pat.match(ln):
+            if ln.lstrip().startswith("class"):
+                return i, block_of(lines, i, 10 * CLASS_LINES)[1], class_outline(lines, i, CLASS_LINES)
+            start, end = block_of(lines, i, DEF_LINES)
+            # decorators above a definition are part of how it is used
+            while start > 0 and lines[start - 1].lstrip().startswith("@"):
+                start -= 1
+            return start, end, "\n".join(lines[start:end])
+    return None
+
+
+def use_of(lines: list[str], name: str, span: int = 2) -> tuple[int, int, str] | None:
+    """A call (else any use) of `name` with `span` lines around it."""
+    call = re.compile(rf"\b{re.escape(name)}\s*\(")
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    for pat in (call, word):
+        for i, ln in enumerate(lines):
+            if pat.search(ln) and not ln.lstrip().startswith(("import ", "from ", "#")):
+                start, end = max(0, i - span), min(len(lines), i + span + 1)
+                return start, end, "\n".join(lines[start:end])
+    return None
+
+
+def repeats(text: str, known: set[str], share: float = 0.5) -> bool:
+    """Most of the snippet's non-blank lines are lines of the current file: nothing new to read."""
+    ls = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    return not ls or sum(ln in known for ln in ls) >= share * len(ls)
+
+
+# ---------------------------------------------------------------------------------------------- the repository
+class RepoView:
+    """One workspace folder's indexed files, read through its datastore (indexer/locate.py) and the model's
+    tokenizer: which files hold a token sequence, a file's text as indexed (secrets masked), its lines."""
+
+    def __init__(self, root: Path, store, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]):
+        from indexer.locate import Locator
+
+        self.root = Path(root)
+        self.locator = Locator(store)
+        self.store = store
+        self.encode, self.decode = encode, decode
+        self._texts: OrderedDict[tuple, tuple[str, np.ndarray]] = OrderedDict()
+        self._newlines: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def rel(self, path: str) -> str:
+        try:
+            return Path(path).relative_to(self.root).as_posix()
+        except ValueError:
+            return Path(path).name
+
+    def indexed(self, path: str) -> bool:
+        return path in self.store.documents
+
+    def text(self, path: str) -> tuple[str, np.ndarray] | None:
+        """(the file's text as indexed, the line each of its tokens starts on); cached per indexed version."""
+        doc = self.store.documents.get(path)
+        if doc is None:
+            return None
+        key = (path, doc.shard, doc.start, doc.end)
+        with self._lock:
+            hit = self._texts.get(key)
+            if hit is not None:
+                self._texts.move_to_end(key)
+                return hit
+        ids = self.locator.tokens(path)
+        if ids is None:
+            return None
+        ids = ids.tolist()
+        text = self.decode(ids)
+        nl = self._newline_counts(ids)
+        lines_at = np.concatenate([[0], np.cumsum(nl)[:-1]]) if len(ids) else np.zeros(0, np.int64)
+        with self._lock:
+            self._texts[key] = (text, lines_at)
+            while len(self._texts) > 256:
+                self._texts.popitem(last=False)
+        return text, lines_at
+
+    def _newline_counts(self, ids: list[int]) -> np.ndarray:
+        """Line breaks in each token's text (a byte-level token never splits "\\n")."""
+        table = self._newlines
+        for t in set(ids) - table.keys():
+            table[t] = self.decode([t]).count("\n")
+        return np.fromiter((table[t] for t in ids), dtype=np.int64, count=len(ids))
+
+    def files_with(self, name: str, limit: int = 64) -> list[str]:
+        """Files that hold the name as a whole token sequence (after a space, or starting a line), most
+        occurrences first."""
+        counts: dict[str, int] = {}
+        for form in (" " + name, name):
+            ids = self.encode(form)
+            if not ids:
+                continue
+            for path, _ in self.locator.occurrences(ids, limit)[1]:
+                counts[path] = counts.get(path, 0) + 1
+        return sorted(counts, key=lambda p: -counts[p])
+
+
+# ---------------------------------------------------------------------------------------------- selectors
+@dataclass
+class Cursor:
+    """What the selectors read of the current document."""
+    path: str | None        # absolute path of the current file (None: not a file)
+    prefix: str             # the text before the cursor
+    line_text: str = ""     # the cursor line's text after the cursor (names there count too)
+    text: str = ""          # the whole document (its lines are never repeated by a snippet)
+
+
+def imported_names(text: str, root: Path | None = None) -> set[str]:
+    """Names the text imports from the repository itself (a relative import, or a module whose top-level
+    package or module is in `root`): its own API, whose definition and uses show how it is called. A standard
+    library or third-party module's name says nothing about the repository."""
+    out: set[str] = set()
+    for m in re.finditer(r"^\s*from\s+([\w.]+)\s+import\s+\(?([\w\s,]+)\)?|^\s*import\s+([\w., ]+)", text, re.M):
+        if m.group(1) is not None:
+            if _in_repo(m.group(1), root):
+                out |= set(_IDENT.findall(m.group(2))) - {"as"}
+        else:
+            out |= {n for n in _IDENT.findall(m.group(3)) if n != "as" and _in_repo(n, root)}
+    return out
+
+
+def _in_repo(module: str, root: Path | None) -> bool:
+    if module.startswith("."):
+        return True
+    top = module.split(".")[0]
+    return root is not None and ((root / top).is_dir() or (root / f"{top}.py").is_file())
+
+
+def lookup_names(cur: "Cursor", root: Path | None) -> list[str]:
+    """The names near the cursor worth a definition: imported from the repository, called (`f(`, `obj.f(`), or
+    read as another object's attribute (`obj.name`, not `self.name`: the current class is in the prompt), nearest
+    first. A plain local name (`data`, `extra`) would find another file's unrelated namesake."""
+    window = "\n".join(cur.prefix.split("\n")[-WINDOW_LINES:]) + cur.line_text
+    wanted = imported_names(cur.prefix, root)
+    wanted |= set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", window))
+    wanted |= {m.group(2) for m in re.finditer(r"\b(\w+)\.([A-Za-z_]\w*)", window) if m.group(1) not in ("self", "cls")}
+    return [n for n in names_near(cur.prefix, cur.line_text) if n in wanted]
+
+
+def select_definitions(view: RepoView, cur: Cursor, *, names: list[str] | None = None) -> list[Snippet]:
+    names = names if names is not None else lookup_names(cur, view.root)
+    own = defined_names(cur.text)
+    api = imported_names(cur.prefix, view.root)
+    out: list[Snippet] = []
+    rank = 0
+    for name in names:
+        if name in own:
+            continue
+        found = None
+        use = None
+        for path in view.files_with(name)[:FILES_PER_NAME]:
+            if path == cur.path:
+                continue
+            got = view.text(path)
+            if got is None:
+                continue
+            lines = got[0].split("\n")
+            d = definition_at(lines, name)
+            if d is not None:
+                found = (path, d)
+                break
+            if use is None and name in api:
+                u = use_of(lines, name)
+                if u is not None:
+                    use = (path, u)
+        if found is None and use is None:
+            continue
+        score = 1.0 / (1 + rank)
+        rank += 1
+        if found is not None:
+            path, (a, b, text) = found
+            out.append(Snippet(view.rel(path), a, b, text, "definitions", 2.0 * score))
+        elif use is not None:
+            path, (a, b, text) = use
+            out.append(Snippet(view.rel(path), a, b, text, "uses", score))
+        if rank >= MAX_NAMES:
+            break
+    return out
+
+
+def select_similar(view: RepoView, cur: Cursor, *, limit: int = 4) -> list[Snippet]:
+    window = "\n".join(cur.prefix.split("\n")[-WINDOW_LINES:])
+    ids = view.encode(window)
+    votes: dict[tuple[str, int], float] = {}
+    for i in range(0, max(0, len(ids) - SIMILAR_N + 1)):
+        total, hits = view.locator.occurrences(ids[i:i + SIMILAR_N], SIMILAR_MAX_COUNT + 1)
+        if not hits or total > SIMILAR_MAX_COUNT:
+            continue
+        for path, off in hits:
+            if path == cur.path:
+                continue
+            got = view.text(path)
+            if got is None or off >= len(got[1]):
+                continue
+            line = int(got[1][off])
+            votes[(path, line)] = votes.get((path, line), 0.0) + 1.0 / total
+    # regions: the votes of the lines within half a region of each other add up
+    regions: dict[tuple[str, int], float] = {}
+    half = SIMILAR_LINES // 2
+    for (path, line), v in votes.items():
+        regions[(path, line // half)] = regions.get((path, line // half), 0.0) + v
+    out: list[Snippet] = []
+    taken: list[tuple[str, int, int]] = []
+    best = max(regions.values(), default=0.0)
+    for (path, bucket), v in sorted(regions.items(), key=lambda kv: -kv[1]):
+        if len(out) >= limit or v < max(0.25 * best, SIMILAR_MIN_VOTES):
+            break
+        lines = view.text(path)[0].split("\n")
+        # the region ends where the voted lines end: the cursor continues what follows the match
+        end = min(len(lines), bucket * half + half + half)
+        start = max(0, end - SIMILAR_LINES)
+        if any(p == path and a < end and start < b for p, a, b in taken):
+            continue
+        taken.append((path, start, end))
+        text = "\n".join(lines[start:end]).rstrip()
+        if text.strip():
+            out.append(Snippet(view.rel(path), start, end, text, "similar", v / best))
+    return out
+
+
+@dataclass
+class _Chunk:
+    path: str      # absolute
+    start: int
+    end: int
+    text: str
+    when: int
+
+
+class RecentRing:
+    """llama.vim's ring of chunks from where the person was: a chunk per file left, saved or edited, kept newest
+    first; a chunk whose lines mostly repeat one already held replaces it."""
+
+    def __init__(self, size: int = RING):
+        self.size = size
+        self._chunks: list[_Chunk] = []
+        self._clock = 0
+        self._lock = threading.Lock()
+
+    def add(self, path: str, text: str, line: int) -> None:
+        lines = text.split("\n")
+        start = max(0, min(line - RING_LINES // 2, len(lines) - RING_LINES))
+        end = min(len(lines), start + RING_LINES)
+        body = "\n".join(lines[start:end])
+        if not body.strip():
+            return
+        new = set(ln.strip() for ln in lines[start:end] if ln.strip())
+        with self._lock:
+            self._clock += 1
+            keep = []
+            for c in self._chunks:
+                old = set(ln.strip() for ln in c.text.split("\n") if ln.strip())
+                if c.path == path and len(new & old) > 0.5 * max(1, min(len(new), len(old))):
+                    continue
+                keep.append(c)
+            keep.insert(0, _Chunk(path, start, end, body, self._clock))
+            self._chunks = keep[: self.size]
+
+    def chunks(self) -> list[_Chunk]:
+        with self._lock:
+            return list(self._chunks)
+
+
+def select_recent(view: RepoView, cur: Cursor, ring: RecentRing, *, limit: int = 3) -> list[Snippet]:
+    out = []
+    for c in ring.chunks():
+        if c.path == cur.path or not view.indexed(c.path):
+            continue  # only files the index admitted (not excluded, not key material)
+        text = clean(c.text, Path(c.path).name).text
+        out.append(Snippet(view.rel(c.path), c.start, c.end, text, "recent", 1.0 / (1 + len(out))))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def fit(snippets: Sequence[Snippet], budget: int, encode: Callable[[str], list[int]], known: set[str]) -> list[Snippet]:
+    """The best snippets within `budget` tokens, without repeats of the current file or of each other,
+    ordered for the prompt (the best last)."""
+    ranked = sorted(snippets, key=lambda s: -s.score)
+    chosen: list[Snippet] = []
+    used = 0
+    for s in ranked:
+        if repeats(s.text, known):
+            continue
+        if any(c.path == s.path and c.start < s.end and s.start < c.end for c in chosen):
+            continue
+        n = len(encode(s.text)) + SNIPPET_OVERHEAD
+        if used + n > budget:
+            continue
+        chosen.append(Snippet(s.path, s.start, s.end, s.text, s.selector, s.score, n))
+        used += n
+    return chosen[::-1]
+
+
+# ---------------------------------------------------------------------------------------------- the keeper
+@dataclass
+class _DocState:
+    current: Selection | None = None
+    pending: Selection | None = None
+    names: frozenset = frozenset()
+    selected_at: int = -1
+    log: list = field(default_factory=list)
+
+
+class ContextKeeper:
+    """One block per document, changed only when the selection changes materially.
+
+    `select` computes a selection (on the caller's thread: the service runs it on its own); `offer` takes it as
+    the document's pending block when its snippets differ from the current one's, and the service promotes it
+    (`promote`) once its prompt is computed. `current` is what every prompt of the document uses meanwhile."""
+
+    def __init__(self, ring: RecentRing | None = None):
+        self.ring = ring or RecentRing()
+        self._docs: OrderedDict[str, _DocState] = OrderedDict()
+        self._lock = threading.Lock()
+        self.counts = {"selections": 0, "offered": 0, "promoted": 0, "unchanged": 0}
+
+    def _doc(self, uri: str) -> _DocState:
+        st = self._docs.get(uri)
+        if st is None:
+            st = self._docs[uri] = _DocState()
+            while len(self._docs) > 64:
+                self._docs.popitem(last=False)
+        self._docs.move_to_end(uri)
+        return st
+
+    def current(self, uri: str) -> Selection | None:
+        with self._lock:
+            st = self._docs.get(uri)
+            return st.current if st is not None else None
+
+    def pending(self, uri: str) -> Selection | None:
+        with self._lock:
+            st = self._docs.get(uri)
+            return st.pending if st is not None else None
+
+    def new_names(self, uri: str, prefix: str, line_text: str = "") -> bool:
+        """A name on the cursor's line that the document's selection was not made for (a keystroke's check:
+        a regex over one line)."""
+        line = prefix[prefix.rfind("\n") + 1:] + line_text
+        with self._lock:
+            st = self._docs.get(uri)
+            if st is None or st.selected_at < 0:
+                return True
+            names = st.names
+        words = _IDENT.findall(line)
+        if words and re.search(r"\w$", line):
+            words = words[:-1]  # still being typed
+        return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
+
+    def offer(self, uri: str, sel: Selection) -> bool:
+        """Take a fresh selection; True when it differs from the block in use (it becomes pending)."""
+        with self._lock:
+            st = self._doc(uri)
+            self.counts["selections"] += 1
+            st.names = st.names | sel.names
+            st.selected_at = self.counts["selections"]
+            base = st.pending or st.current
+            if base is not None and base.keys == sel.keys and base.repo.path == sel.repo.path:
+                self.counts["unchanged"] += 1
+                return False
+            if base is None and not sel.snippets:
+                st.current = sel   # nothing to compute first: the path line alone
+                return False
+            st.pending = sel
+            self.counts["offered"] += 1
+            return True
+
+    def set_current(self, uri: str, sel: Selection) -> None:
+        """Use this block from now on, without a background warm-up (a one-shot completion)."""
+        with self._lock:
+            st = self._doc(uri)
+            st.current, st.pending, st.names, st.selected_at = sel, None, sel.names, 0
+
+    def promote(self, uri: str, sel: Selection) -> bool:
+        """The pending block's prompt is computed: it becomes the document's block."""
+        with self._lock:
+            st = self._doc(uri)
+            if st.pending is not sel:
+                return False
+            st.current, st.pending = sel, None
+            self.counts["promoted"] += 1
+            return True
+
+    def snapshot(self) -> dict:
+        """What `rest/stats` shows: the counts, and each recent document's block (file, lines, selector)."""
+        with self._lock:
+            docs = {uri: {"current": st.current.describe() if st.current else None,
+                          "tokens": st.current.tokens if st.current else 0, "pending": st.pending is not None}
+                    for uri, st in list(self._docs.items())[-8:]}
+        return {**self.counts, "ring": len(self.ring.chunks()), "documents": docs}
+
+    def withdraw(self, uri: str, sel: Selection) -> None:
+        """The pending block's prompt was not computed (its job stopped or was dropped): no longer pending."""
+        with self._lock:
+            st = self._docs.get(uri)
+            if st is not None and st.pending is sel:
+                st.pending = None
+
+    def forget(self, uri: str) -> None:
+        with self._lock:
+            self._docs.pop(uri, None)
+
+
+def files_of(chosen: Sequence[Snippet]) -> tuple[tuple[str, str], ...]:
+    """The block's files: a file's snippets together in line order (one path line each), the files in the
+    order of their best snippet (the best last)."""
+    files: dict[str, list[Snippet]] = {}
+    for s in chosen:
+        files.setdefault(s.path, []).append(s)
+    order = sorted(files, key=lambda p: max(chosen.index(s) for s in files[p]))
+    return tuple((p, "\n".join(s.text for s in sorted(files[p], key=lambda s: s.start))) for p in order)
+
+
+def select(views: Sequence[RepoView], cur: Cursor, *, budget: int, selectors: Sequence[str],
+           ring: RecentRing | None, encode: Callable[[str], list[int]]) -> Selection | None:
+    """The block for a cursor: the view whose folder holds the current file (else the first), its selectors'
+    snippets fitted to `budget` tokens. None without a repository."""
+    if not views:
+        return None
+    view = next((v for v in views if cur.path and Path(cur.path).is_relative_to(v.root)), views[0])
+    names = names_near(cur.prefix, cur.line_text)
+    found: list[Snippet] = []
+    if budget > 0:
+        if "definitions" in selectors:
+            found += select_definitions(view, cur)
+        if "similar" in selectors:
+            found += select_similar(view, cur)
+        if "recent" in selectors and ring is not None:
+            found += select_recent(view, cur, ring)
+    known = {ln.strip() for ln in cur.text.split("\n") if ln.strip()}
+    chosen = fit(found, budget, encode, known)
+    path = view.rel(cur.path) if cur.path else "untitled"
+    repo = RepoContext(view.root.name, path, files_of(chosen))
+    return Selection(repo, tuple(chosen), frozenset(names), sum(s.tokens for s in chosen))

@@ -1,0 +1,357 @@
+"""Cross-file context: the block's format per model family, what the selectors find (and never find: excluded
+files, secrets, the current file's own text), a block that stays put while typing, and REST exact with it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from indexer.discover import Filters
+from indexer.locate import Locator
+from indexer.store import Datastore
+from rest_lsp.model.prompts import REPO_TOKENS, RepoContext, build_prompt, detect_fim, repo_block
+from rest_lsp.model.tiny import train_tokenizer
+from rest_lsp.service.crossfile import (ContextKeeper, Cursor, RecentRing, RepoView, class_outline, names_near,
+                                        select)
+
+SECRET = "sk-live-" + "q8Zr3VwXk2LmN7pT4sHy6JbC9dFgA1eU"
+
+REGISTRY = '''"""The plugin registry."""
+_PLUGINS = {}
+
+
+def register(name, *, priority=0, tags=()):
+    """Register a plugin class under a name."""
+    def deco(cls):
+        _PLUGINS[name] = (cls, priority, tuple(tags))
+        return cls
+    return deco
+
+
+class Context:
+    """What a plugin gets."""
+
+    def __init__(self, config, logger):
+        self.config = config
+        self.logger = logger
+
+    def emit_event(self, kind, payload=None):
+        self.logger.info("%s %s", kind, payload)
+
+    def lookup_setting(self, key, default=None):
+        return self.config.get(key, default)
+
+    def fail_with(self, message):
+        raise RuntimeError(message)
+'''
+
+PLUGIN = '''from pkg.registry import Context, register
+
+
+@register("{name}", priority={p}, tags=("core",))
+class {cls}:
+    def run(self, ctx: Context):
+        level = ctx.lookup_setting("{name}.level", 1)
+        ctx.emit_event("{name}.start", {{"level": level}})
+        return level
+'''
+
+CURRENT = '''from pkg.registry import Context, register
+
+
+@register("gamma", priority=3, tags=("core",))
+class Gamma:
+    def run(self, ctx: Context):
+        ctx.'''
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = train_tokenizer(512)
+    t.add_tokens(list(REPO_TOKENS), special_tokens=True)
+    return t
+
+
+@pytest.fixture(scope="module")
+def plain_tok():
+    return train_tokenizer(512)
+
+
+def make_repo(root: Path) -> Path:
+    (root / "pkg" / "plugins").mkdir(parents=True)
+    (root / "pkg" / "registry.py").write_text(REGISTRY)
+    for name, cls, p in (("alpha", "Alpha", 2), ("beta", "Beta", 1)):
+        (root / "pkg" / "plugins" / f"{name}.py").write_text(PLUGIN.format(name=name, cls=cls, p=p))
+    (root / "pkg" / "plugins" / "gamma.py").write_text(CURRENT)
+    # a secret on a line of an indexed file, and an excluded file that defines a name the cursor uses
+    (root / "pkg" / "settings.py").write_text(f'API_TOKEN = "{SECRET}"\nDEFAULT_LEVEL = 3\n')
+    (root / "generated").mkdir()
+    (root / "generated" / "lookup.py").write_text("def lookup_setting_fast(key):\n    return SECRET_TABLE[key]\n")
+    return root
+
+
+@pytest.fixture
+def repo(tmp_path, plain_tok):
+    root = make_repo(tmp_path / "proj")
+    store = Datastore.build([root], tmp_path / "ds", tokenizer=plain_tok,
+                            filters=Filters(exclude_paths=("generated/",)))
+    enc = lambda t: plain_tok.encode(t, add_special_tokens=False)  # noqa: E731
+    view = RepoView(root, store, enc, lambda ids: plain_tok.decode(ids))
+    yield root, store, view, enc
+    store.close()
+
+
+def cursor(root: Path, text: str = CURRENT, rel: str = "pkg/plugins/gamma.py") -> Cursor:
+    return Cursor(str(root / rel), text, "", text)
+
+
+# ------------------------------------------------------------------------------------------------ format
+def test_qwen_repository_format_puts_the_files_and_the_current_path_before_the_fim_prompt(tok):
+    repo = RepoContext("proj", "pkg/plugins/gamma.py", (("pkg/registry.py", "class Context:\n    pass"),))
+    fim = detect_fim(tok)
+    ids = build_prompt(tok, "x = 1\n", "", fim, repo=repo)
+    rn, fs = tok.convert_tokens_to_ids(list(REPO_TOKENS))
+    assert ids[0] == rn and ids.count(fs) == 2
+    text = tok.decode(ids)
+    assert text.startswith("<|repo_name|>proj\n<|file_sep|>pkg/registry.py\nclass Context:\n    pass\n"
+                           "<|file_sep|>pkg/plugins/gamma.py\n<|fim_prefix|>x = 1\n<|fim_suffix|>")
+    # what follows the block is the prompt without one, token for token: the block never changes the
+    # tokens after it (so their KV cache is the same whichever block precedes)
+    block, _ = repo_block(tok, fim, repo)
+    assert ids[len(block):] == build_prompt(tok, "x = 1\n", "", fim)
+
+
+def test_families_without_repository_tokens_get_path_comments_before_the_prefix(plain_tok):
+    repo = RepoContext("proj", "src/app.js", (("src/util.js", "export const f = 1;"), ("tools/x.py", "y = 2")))
+    ids = build_prompt(plain_tok, "let a", "", detect_fim(plain_tok), repo=repo)
+    text = plain_tok.decode(ids)
+    assert text.startswith("<|fim_prefix|>// Path: src/util.js\nexport const f = 1;\n# Path: tools/x.py\ny = 2\n"
+                           "// Path: src/app.js\nlet a<|fim_suffix|>")
+
+
+def test_codellama_block_opens_the_document(tiny_codellama):
+    from transformers import AutoTokenizer
+
+    from rest_lsp.model.prompts import FIM_FORMATS
+
+    ctok = AutoTokenizer.from_pretrained(tiny_codellama)
+    repo = RepoContext("proj", "a.py", (("b.py", "def g():\n    return 1"),))
+    ids = build_prompt(ctok, "x = g()", "", FIM_FORMATS["codellama"], repo=repo)
+    pre = ctok.convert_tokens_to_ids("▁<PRE>")
+    assert ids[:2] == [ctok.bos_token_id, pre]
+    assert ctok.convert_ids_to_tokens(ids[2]).startswith("▁")  # the document's start carries the dummy space
+    assert "# Path: b.py\ndef g():\n    return 1\n# Path: a.py\nx = g()" in ctok.decode(ids)
+
+
+def test_a_block_too_large_for_the_budget_is_left_out(tok):
+    repo = RepoContext("proj", "a.py", (("b.py", "z = 1\n" * 200),))
+    ids = build_prompt(tok, "x = 1\n", "", detect_fim(tok), max_tokens=120, repo=repo)
+    assert ids == build_prompt(tok, "x = 1\n", "", detect_fim(tok), max_tokens=120)
+
+
+# ------------------------------------------------------------------------------------------------ selection
+def test_locator_finds_files_and_offsets_of_a_token_sequence(repo):
+    root, store, view, enc = repo
+    loc = Locator(store)
+    pattern = enc(" lookup_setting")
+    total, hits = loc.occurrences(pattern)
+    assert {Path(p).relative_to(root).as_posix() for p, _ in hits} == {"pkg/registry.py"}  # `def lookup_setting`
+    assert total == len(hits) == 1
+    # after a dot too (`ctx.lookup_setting`): the name without its space
+    assert {Path(p).relative_to(root).as_posix() for p in view.files_with("lookup_setting")} == {
+        "pkg/registry.py", "pkg/plugins/alpha.py", "pkg/plugins/beta.py"}
+    for p, off in hits:
+        assert loc.tokens(p)[off:off + len(pattern)].tolist() == pattern
+    # excluded: never indexed, never found
+    assert not loc.occurrences(enc("lookup_setting_fast"))[1]
+
+
+def test_a_changed_file_is_found_in_its_new_version_only(repo):
+    root, store, view, enc = repo
+    (root / "pkg" / "plugins" / "beta.py").write_text("from pkg.registry import register\n")
+    store.update_paths([root / "pkg" / "plugins" / "beta.py"])
+    assert {Path(p).name for p in view.files_with("lookup_setting")} == {"registry.py", "alpha.py"}
+
+
+def test_definitions_give_the_class_outline_the_cursor_needs(repo):
+    root, store, view, enc = repo
+    sel = select([view], cursor(root), budget=1000, selectors=["definitions"], ring=None, encode=enc)
+    defs = [s for s in sel.snippets if s.selector == "definitions"]
+    ctx_def = next(s for s in defs if s.text.startswith("class Context"))
+    assert ctx_def.path == "pkg/registry.py"
+    for method in ("emit_event", "lookup_setting", "fail_with"):
+        assert f"def {method}(self" in ctx_def.text
+    assert "self.logger.info" not in ctx_def.text  # an outline: no method bodies
+    assert any(s.text.startswith("def register(") for s in defs)
+    # the block: the current file's path last, the registry's snippets in one file entry
+    assert sel.repo.path == "pkg/plugins/gamma.py" and sel.repo.name == "proj"
+    assert [p for p, _ in sel.repo.files].count("pkg/registry.py") == 1
+
+
+def test_selection_fits_the_budget_and_never_repeats_the_current_file(repo):
+    root, store, view, enc = repo
+    for budget in (0, 60, 150, 400):
+        sel = select([view], cursor(root), budget=budget, selectors=["definitions", "similar", "recent"],
+                     ring=None, encode=enc)
+        assert sel.tokens <= budget
+        assert sum(len(enc(s.text)) for s in sel.snippets) <= budget
+        assert all(s.path != "pkg/plugins/gamma.py" for s in sel.snippets)
+    assert select([view], cursor(root), budget=0, selectors=["definitions"], ring=None, encode=enc).snippets == ()
+    big = select([view], cursor(root), budget=400, selectors=["definitions", "similar"], ring=None, encode=enc)
+    assert big.snippets  # the budget, not a lack of candidates, kept the small ones small
+
+
+def test_similar_code_comes_from_the_sibling_modules(repo):
+    root, store, view, enc = repo
+    sel = select([view], cursor(root), budget=1000, selectors=["similar"], ring=None, encode=enc)
+    assert sel.snippets and all(s.selector == "similar" for s in sel.snippets)
+    assert {s.path for s in sel.snippets} <= {"pkg/plugins/alpha.py", "pkg/plugins/beta.py"}
+    assert any("ctx.lookup_setting(" in s.text for s in sel.snippets)
+
+
+def test_no_secret_and_no_excluded_file_enters_a_block(repo):
+    root, store, view, enc = repo
+    ring = RecentRing()
+    # the person was in the settings file and in the excluded one: the ring holds both places
+    ring.add(str(root / "pkg" / "settings.py"), (root / "pkg" / "settings.py").read_text(), 0)
+    ring.add(str(root / "generated" / "lookup.py"), (root / "generated" / "lookup.py").read_text(), 0)
+    text = CURRENT + "lookup_setting_fast(API_TOKEN, DEFAULT_LEVEL)\n"
+    sel = select([view], cursor(root, text), budget=2000, selectors=["definitions", "similar", "recent"],
+                 ring=ring, encode=enc)
+    block = "\n".join(t for _, t in sel.repo.files)
+    assert "settings.py" in {Path(p).name for p, _ in sel.repo.files}  # the recent place is there ...
+    assert "DEFAULT_LEVEL = 3" in block
+    assert SECRET not in block                                          # ... without its secret
+    assert "SECRET_TABLE" not in block and all(not p.startswith("generated") for p, _ in sel.repo.files)
+
+
+def test_names_near_the_cursor_nearest_first():
+    prefix = "from pkg.registry import Context, register\nimport json\n\nx = load_things()\nctx.emit_event("
+    names = names_near(prefix)
+    assert names[:3] == ["emit_event", "ctx", "load_things"]
+    assert "Context" in names and "register" in names and "import" not in names
+
+
+def test_class_outline_keeps_multi_line_signatures():
+    lines = "class A:\n    x = 1\n\n    def f(self,\n          a, b):\n        return a\n".split("\n")
+    assert class_outline(lines, 0, 20) == "class A:\n    x = 1\n    def f(self,\n          a, b):"
+
+
+# ------------------------------------------------------------------------------------------------ stability
+def test_the_block_changes_only_when_the_selection_does(repo):
+    root, store, view, enc = repo
+    keeper = ContextKeeper()
+    uri = "file:///proj/pkg/plugins/gamma.py"
+    sel = select([view], cursor(root), budget=400, selectors=["definitions"], ring=None, encode=enc)
+    assert keeper.offer(uri, sel) and keeper.current(uri) is None   # pending until its prompt is computed
+    assert keeper.promote(uri, sel) and keeper.current(uri) is sel
+    again = select([view], cursor(root, CURRENT + "emit"), budget=400, selectors=["definitions"], ring=None,
+                   encode=enc)
+    assert not keeper.offer(uri, again) and keeper.current(uri) is sel  # the same snippets: nothing to redo
+    # typing a name the selection was not made for is a reason to select again; a known one is not
+    assert not keeper.new_names(uri, CURRENT + "emit", "")  # a word still being typed does not count yet
+    assert keeper.new_names(uri, CURRENT + "fail_with(", "")
+    # a selection that differs stays pending until promoted; an older pending one cannot be promoted
+    other = select([view], cursor(root), budget=400, selectors=["similar"], ring=None, encode=enc)
+    assert keeper.offer(uri, other) and keeper.current(uri) is sel
+    assert not keeper.promote(uri, again) and keeper.promote(uri, other) and keeper.current(uri) is other
+    # a pending block whose prompt was never computed (its job dropped) is offered again by the next selection
+    third = select([view], cursor(root), budget=400, selectors=["definitions", "similar"], ring=None, encode=enc)
+    assert keeper.offer(uri, third)
+    keeper.withdraw(uri, third)
+    assert keeper.pending(uri) is None and keeper.offer(uri, third) and keeper.pending(uri) is third
+
+
+# ------------------------------------------------------------------------------------------------ the daemon
+def _wait(cond, timeout=120.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def daemon(tmp_path, tiny_model):
+    """The service with the tiny model and the repository indexed as the daemon indexes a workspace folder."""
+    import asyncio
+
+    from rest_lsp.service.config import ServerConfig
+    from rest_lsp.service.core import CompletionService
+    from rest_lsp.service.workspace import WorkspaceIndex
+
+    root = make_repo(tmp_path / "proj")
+    service = CompletionService(ServerConfig(model=str(tiny_model), cache_dir=str(tmp_path / "cache"),
+                                             persist_history=False, exclude=["generated/"], max_tokens=8),
+                                notify=lambda level, msg: None)
+    service.start()
+    index = WorkspaceIndex(service, lambda level, msg: None)
+    index.start([str(root)])
+    assert index.wait_idle(timeout=120)
+    loop = asyncio.new_event_loop()
+    yield service, root, loop
+    loop.close()
+    index.close()
+    service.close()
+
+
+def test_the_daemon_selects_in_the_background_and_switches_only_when_the_block_is_computed(daemon):
+    from rest_lsp.service.core import CompletionRequest
+
+    service, root, loop = daemon
+    uri = (root / "pkg" / "plugins" / "gamma.py").as_uri()
+    text = CURRENT
+    line, col = text.count("\n"), len(text.split("\n")[-1])
+    service.document_changed(uri, text, line, col)
+    assert _wait(lambda: service.crossfile.current(uri) is not None and service.crossfile.pending(uri) is None)
+    sel = service.crossfile.current(uri)
+    assert any(s.text.startswith("class Context") for s in sel.snippets)
+    assert service.stats.totals.get("context_warm_tokens", 0) > 0  # its prompt was computed before the switch
+    selections = service.crossfile.counts["selections"]
+    # keystrokes that bring no new name keep the block: no selection, the same block in every prompt
+    for k, ch in enumerate("emit"):
+        service.document_changed(uri, text + "emit"[:k + 1], line, col + k + 1)
+    resp = loop.run_until_complete(service.complete(CompletionRequest(uri, text + "emit", line, col + 4,
+                                                                      automatic=False)))
+    assert service.crossfile.counts["selections"] == selections and service.crossfile.current(uri) is sel
+    rec = resp.record
+    assert rec["context"]["snippets"] == sel.describe() and rec["context"]["tokens"] == sel.tokens
+    assert service.snapshot()["cross_file"]["documents"][uri]["current"] == sel.describe()
+    # off: no block in the prompt, and the record says so
+    service.configure({"crossFile": False})
+    resp = loop.run_until_complete(service.complete(CompletionRequest(uri, text + "emit_", line, col + 5,
+                                                                      automatic=False)))
+    assert resp.record["context"] is None
+
+
+def test_rest_with_the_block_is_exact(daemon):
+    """REST decoding of a prompt that starts with a cross-file block emits what plain greedy decoding of the
+    same prompt emits (the snippets draft, the verifier decides)."""
+    from dataclasses import replace
+
+    from rest_lsp.service.prompt import build_context
+
+    service, root, loop = daemon
+    uri = (root / "pkg" / "plugins" / "gamma.py").as_uri()
+    backend = service.worker.backend
+    ctx = build_context(CURRENT, CURRENT.count("\n"), len(CURRENT.split("\n")[-1]))
+    sel = service.selection_for(backend, uri, CURRENT, ctx)
+    assert sel.snippets
+    cfg = replace(service.config, max_tokens=24, max_lines=4)
+
+    def decode(budget):
+        def job(b):
+            b.reset_kv_cache()
+            run = b.start(uri, ctx, replace(cfg, draft_budget=budget), repo=sel.repo)
+            while not run.done:
+                b.advance(run)
+            return run.run.tokens[:], b.figures(run)
+        return service.worker.run_sync(job)
+
+    plain, pf = decode(0)
+    rest, rf = decode(None)
+    assert rest == plain and len(plain) > 0
+    assert pf["prompt_tokens"] == rf["prompt_tokens"] > sel.tokens
