@@ -22,7 +22,7 @@ SUBCOMMANDS = ("complete", "bench", "replay")
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model directory, .gguf file or hub id (default: the embedded "
                                    "Qwen2.5-Coder-0.5B)")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda[:N] | mps (default auto)")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda[:N] (default auto)")
     p.add_argument("--precision", default=None, help=f"{' | '.join(PRECISIONS)} (default auto)")
     p.add_argument("--corpus", default=None, help="a datastore built with rest-index")
     p.add_argument("--cache-dir", default=None, help="where workspace datastores go (default: user cache)")

@@ -30,7 +30,8 @@ from rest_lsp.filenames import safe_filename
 from rest_lsp.storage import atomic_dir, cache_root, file_lock
 
 from . import PRECISIONS
-from .prompts import FimFormat, build_prompt, context_limit, decode_as_continuation, resolve_fim, stop_token_ids
+from .prompts import (FimFormat, RepoContext, build_prompt, context_limit, decode_as_continuation, resolve_fim,
+                      stop_token_ids)
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
            "int8w": torch.float32}
@@ -58,14 +59,15 @@ class LoadedModel:
     tokenizer_source: str | None = None
 
     def build_prompt(self, prefix: str, suffix: str | None = None, *, middle: str = "", order: str = "psm",
-                     max_new_tokens: int = 0, fim: bool = True, reserve: int = 32) -> list[int]:
+                     max_new_tokens: int = 0, fim: bool = True, reserve: int = 32,
+                     repo: RepoContext | None = None) -> list[int]:
         """Prompt ids for the cursor between prefix + middle and suffix (`middle`, `order` "psm"/"spm": see
         rest_lsp.model.prompts.build_prompt; `self.fim.orders` lists the orders the family supports), fitted
         to the context minus max_new_tokens and `reserve` positions for draft trees (so the engine never has
-        to cut the prompt, FIM markers included)."""
+        to cut the prompt, FIM markers included). `repo`: other files of the repository before the prefix."""
         budget = None if self.context_length is None else max(1, self.context_length - max_new_tokens - reserve)
         return build_prompt(self.tokenizer, prefix, suffix, self.fim if fim else None, middle=middle,
-                            order=order, max_tokens=budget)
+                            order=order, max_tokens=budget, repo=repo)
 
     @property
     def indexer_tokenizer(self):
@@ -95,8 +97,14 @@ def resolve_device(device: str = "auto") -> torch.device:
     d = torch.device(device)
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
-    if d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ModelLoadError(f"device {device!r} requested but MPS is not available")
+    if d.type == "mps":
+        # refused even where MPS is available: REST's output is plain greedy decoding's only where a draft
+        # tree's rows round as single rows do, which the static verifier gets from float64 attention (not
+        # run on MPS) and nothing here has checked for transformers' forward on Apple GPUs
+        raise ModelLoadError(f"device {device!r} is not supported: the exact tree verifier attends in float64, "
+                             "which MPS does not run; use device 'cpu' (or 'cuda')")
+    if d.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {device!r} is not supported; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return d
 
 
@@ -106,8 +114,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "mps":
-            return "fp16"
         return "fp32"
     if precision in ("int8", "int8w") and device.type != "cpu":
         raise ModelLoadError(f"precision {precision} (int8 products on the CPU) runs on the CPU only; "

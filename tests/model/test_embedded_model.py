@@ -15,7 +15,10 @@ def embedded_model():
 def test_embedded_loads_and_writes_python(embedded_model):
     lm = embedded_model
     assert lm.name == "Qwen2.5-Coder-0.5B-Instruct" and lm.fim is not None and lm.fim.name == "qwen"
-    assert len(lm.tokenizer) == 151_665 or lm.vocab_size == 151_936
+    # Qwen2.5's 151,665 ids (the last, <|file_sep|>, 151,664) in an embedding of 151,936 rows; the GGUF's token
+    # list names the padding rows too, so the tokenizer is as long as the embedding
+    assert lm.vocab_size == 151_936 and len(lm.tokenizer) == 151_936
+    assert lm.tokenizer.convert_tokens_to_ids("<|file_sep|>") == 151_664
     ids = lm.build_prompt("def fibonacci(n):\n", max_new_tokens=24)
     with torch.no_grad():
         out = lm.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)

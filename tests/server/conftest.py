@@ -82,14 +82,15 @@ async def session(tmp_path, shared_cache):
 
 @pytest.fixture
 async def start_session(tmp_path, shared_cache):
-    """Start servers one after another (a daemon restart); each gets a folder of its own for its logs."""
+    """Start servers one after another (a daemon restart); each gets a folder of its own for its logs (and
+    `env`, more environment variables for it)."""
     started: list[Session] = []
 
-    async def start() -> Session:
+    async def start(env: dict | None = None) -> Session:
         folder = tmp_path / f"server-{len(started)}"
         folder.mkdir()
         s = Session(folder)
-        await s.start(env={"REST_LSP_CACHE": str(shared_cache)})
+        await s.start(env={"REST_LSP_CACHE": str(shared_cache), **(env or {})})
         started.append(s)
         return s
 
