@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12]
         [--methods rest,plain[,ceiling][,rest-noask][,llama.cpp [--llama-server PATH] [--llama-model GGUF]]]
-        [--no-cancel] [--no-cursor] [--set KEY=VALUE ...] [--json OUT]
+        [--no-cancel] [--no-cursor] [--client project|plain] [--set KEY=VALUE ...] [--json OUT]
 
 An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
 a real project from PyPI that no corpus holds (benchmarks/realcode.py): function bodies of some of its files
@@ -36,7 +36,11 @@ in this rhythm. `llama.cpp` is the peer people use today: llama.cpp's llama-serv
 (benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and speculative requests), typed
 by the same person in the same rhythm. A method name may carry a precision, `rest@int8w,rest@fp32`: the same
 method on a server started with that `precision`, so two precisions meet the same bodies side by side (the
-body-by-body lines then compare the first method with each other one).
+body-by-body lines then compare the first method with each other one). A method name may also carry its client,
+`rest,rest:plain`: `:plain` types through a plain LSP client (whole-text didChange on every key, no rest/cursor,
+no suggestionReady capability, so no asking again, and no pause at a body's start for the cursor to be warmed),
+as simple editor plugins do, beside this project's clients (`:project`, the default; `--client plain` makes plain
+the default).
 """
 from __future__ import annotations
 
@@ -160,7 +164,11 @@ def acceptable(suggestion: str, coming: str) -> str:
 
 
 class Editor:
-    """The open document as the client knows it, with its edits sent as incremental changes."""
+    """The open document as the client knows it, with its edits sent as incremental changes (this project's
+    clients: they also say where the cursor rests and ask again at rest/suggestionReady)."""
+
+    rest_notifications = True   # rest/cursor where the cursor rests, and a pause before each body for it
+    asks_again = True           # an empty answer is asked again at the server's rest/suggestionReady
 
     def __init__(self, server: Server, path: Path, text: str):
         self.server, self.uri = server, path.as_uri()
@@ -174,14 +182,17 @@ class Editor:
     def insert(self, line: int, col: int, text: str) -> tuple[int, int]:
         """Insert at (line, col) (code points; the code here is ASCII, so UTF-16 units too); returns the cursor."""
         self.version += 1
-        self.server.client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=self.uri, version=self.version),
-            [types.TextDocumentContentChangePartial(range=types.Range(types.Position(line, col),
-                                                                      types.Position(line, col)), text=text)]))
         cur = self.lines[line]
         new = (cur[:col] + text + cur[col:]).split("\n")
         self.lines[line:line + 1] = new
+        self.server.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=self.uri, version=self.version), [self.change(line, col, text)]))
         return line + len(new) - 1, len(new[-1]) - len(cur[col:])
+
+    def change(self, line: int, col: int, text: str) -> types.TextDocumentContentChangeEvent:
+        """The didChange event of inserting `text` at (line, col) (self.lines already hold the result)."""
+        return types.TextDocumentContentChangePartial(range=types.Range(types.Position(line, col),
+                                                                        types.Position(line, col)), text=text)
 
     def on_ready(self, params: dict) -> None:
         """rest/suggestionReady: the suggestion for an empty answer at (version, line, column) is decided."""
@@ -209,11 +220,32 @@ class Editor:
         self.server.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
 
 
+class PlainEditor(Editor):
+    """A plain LSP client, as simple editor plugins are: every edit sends the whole text, and nothing of this
+    project's own (no rest/cursor, no suggestionReady capability, no pause for the cursor before a body)."""
+
+    rest_notifications = False
+    asks_again = False
+
+    def change(self, line: int, col: int, text: str) -> types.TextDocumentContentChangeEvent:
+        return types.TextDocumentContentChangeWholeDocument(text="\n".join(self.lines))
+
+    def cursor(self, line: int, col: int) -> None:
+        pass   # a plain client has no such notification
+
+
+CLIENTS = {"project": Editor, "plain": PlainEditor}
+
+
 async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict,
                     trace: list | None = None, patient: bool = False) -> None:
     line, col = body.line, body.indent
-    ed.cursor(line, col)
-    await asyncio.sleep(START_S)  # the person moved here and starts typing
+    ours = getattr(ed, "rest_notifications", True)   # llama_peer's InfillEditor: the pause, and its own hints
+    asks_again = getattr(ed, "asks_again", True)
+    if ours:  # the person moved here, the client says so, and the person starts typing
+        ed.cursor(line, col)
+        await asyncio.sleep(START_S)
+    cursor_msgs = cursor_msgs and ours
     i, text = 0, body.text
     take = ""  # a suggestion part the person accepts as their next action
     while i < len(text):
@@ -258,9 +290,10 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
             try:
                 answer = await suggestion(at_line, at_col, sent)
                 if not answer and ed.version == version:
+                    tally["empty"] += 1
+                if not answer and ed.version == version and asks_again:
                     # answered empty (for want of time, or nothing to say): like this project's editor clients,
                     # ask again at the server's rest/suggestionReady (the next key cancels this task)
-                    tally["empty"] += 1
                     await ed.notice(version, at_line, at_col).wait()
                     tally["asked_again"] += 1
                     answer = await suggestion(at_line, at_col, sent)
@@ -321,9 +354,11 @@ class MethodRun:
 
 
 async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, patient: bool = False,
-                       asks_again: bool = True) -> MethodRun:
+                       asks_again: bool = True, client: str = "project") -> MethodRun:
+    editor = CLIENTS[client]
     server = Server(log_dir / name)
-    server.suggestion_ready = asks_again  # False: a client that does not take rest/suggestionReady
+    # False: a client that does not take rest/suggestionReady (rest-noask, a plain client)
+    server.suggestion_ready = asks_again and editor.asks_again
     await server.start()
     t0 = time.perf_counter()
     await server.initialize({"persistHistory": False, "cacheDir": str(log_dir / name / "cache"), **options}, [ws])
@@ -333,7 +368,7 @@ async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, 
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
     await wait_quiet(server)
-    return MethodRun(name, options, server, Editor, random.Random(args.seed), patient, ready_s,
+    return MethodRun(name, {**options, "client": client}, server, editor, random.Random(args.seed), patient, ready_s,
                      server.cpu_seconds(), trace=[] if args.trace else None)
 
 
@@ -410,7 +445,14 @@ async def finish_method(run: MethodRun) -> dict:
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
             "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
             "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms",
-            "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications", "ready_notices")},
+            "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications", "ready_notices",
+            "context_selections", "context_warm_tokens")},
+        # what keystrokes cost the model in prompt: the tokens of the runs' prompts not reused from a KV cache,
+        # the warm-ups', and the new cross-file blocks' computed in the background, per key typed
+        "prompt_tokens_computed_per_key": None if isinstance(run.server, LlamaServer) else round(
+            ((st["totals"].get("prompt_tokens") or 0) - (st["totals"].get("reused_prompt_tokens") or 0)
+             + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0))
+            / max(1, tally["typed"]), 1),
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
     }
 
@@ -485,11 +527,28 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
     """A method's name without its precision, and its server settings: `rest@int8w` is REST with
     `precision: int8w`; `extra` (--set) applies to every method."""
     base, _, precision = name.partition("@")
+    # -cf: with other files of the repository before the current one (crossFile, opt-in), -cfdefs: with the
+    # definitions selector alone; -nocf: without (the default)
     methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING,
-               "rest-noask": {"draftBudget": None}}
+               "rest-noask": {"draftBudget": None}, "rest-nocf": {"draftBudget": None, "crossFile": False},
+               "plain-nocf": {"draftBudget": 0, "crossFile": False},
+               "rest-cf": {"draftBudget": None, "crossFile": True},
+               "rest-cfdefs": {"draftBudget": None, "crossFile": True, "crossFileSelectors": ["definitions"]}}
     if base not in methods:
         raise SystemExit(f"unknown method {name!r}: one of {', '.join(methods)}, {PEER} (a precision after @)")
     return base, {**methods[base], **extra, **({"precision": precision} if precision else {})}
+
+
+def method_client(name: str, default: str = "project") -> tuple[str, str]:
+    """A method's name without its client, and the client: `rest:plain` is REST typed through a plain LSP
+    client (PlainEditor), `rest:project` through this project's (Editor); without one, `default` (--client)."""
+    spec, sep, client = name.partition(":")
+    client = client if sep else default
+    if client not in CLIENTS:
+        raise SystemExit(f"unknown client {client!r} in {name!r}: one of {', '.join(CLIENTS)}")
+    if spec == PEER and sep:
+        raise SystemExit(f"{PEER} has its own client (llama.vim's); no :{client}")
+    return spec, client
 
 
 async def main_async(args) -> dict:
@@ -505,12 +564,13 @@ async def main_async(args) -> dict:
         names = args.methods.split(",")
         runs = {}
         for name in names:  # one after another: a server loads and indexes while the others are idle
-            if name == PEER:
+            spec, client = method_client(name, args.client)
+            if spec == PEER:
                 runs[name] = await start_peer(name, args, work / "logs")
                 continue
-            base, options = method_options(name, extra)
+            base, options = method_options(spec, extra)
             runs[name] = await start_method(name, options, ws, args, work / "logs", patient=base == "ceiling",
-                                            asks_again=base != "rest-noask")
+                                            asks_again=base != "rest-noask", client=client)
         bodies = [(path, opened, b) for path, opened, bs in files for b in bs][:args.limit]
         for k, name in interleaved(bodies, names):
             await type_next(runs[name], *bodies[k], args)
@@ -550,12 +610,12 @@ def paired(rest: list[dict], other: list[dict], name: str = "plain", ref: str = 
 
 
 def table(report: dict) -> str:
-    head = (f"{'method':<10} {'pauses':>6} {'shown':>6} {'shown %':>7} {'empty':>5} {'again':>5} {'p50 ms':>7} "
+    head = (f"{'method':<12} {'pauses':>6} {'shown':>6} {'shown %':>7} {'empty':>5} {'again':>5} {'p50 ms':>7} "
             f"{'p95 ms':>7} {'typed':>6} "
             f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'predictions key/req/ahead':>25}")
     out = [head, "-" * len(head)]
     for m, r in report["methods"].items():
-        out.append(f"{m:<10} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
+        out.append(f"{m:<12} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
                    f"{r['answered_empty']:>5} {r['asked_again']:>5} "
                    f"{r['shown_latency_ms_p50'] or 0:>7.0f} {r['shown_latency_ms_p95'] or 0:>7.0f} {r['keys_typed']:>6} "
                    f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
@@ -567,6 +627,10 @@ def table(report: dict) -> str:
                        f"{(sv.get('draft_nodes') or 0) / sv['steps']:.1f} draft nodes and "
                        f"{(sv.get('forward_ms') or 0) / sv['steps']:.0f} ms forward per step, "
                        f"{(sv.get('forward_ms') or 0) / sv['tokens']:.0f} ms per token")
+        if r.get("prompt_tokens_computed_per_key") is not None:
+            out.append(f"{m}: {r['prompt_tokens_computed_per_key']} prompt tokens computed per key typed "
+                       f"({sv.get('context_warm_tokens') or 0} for {sv.get('context_selections') or 0} cross-file "
+                       f"selections' new blocks, in the background); accepted per source {sv.get('accepted_sources')}")
         if "prompt_n" in sv and sv.get("predicted_n"):
             out.append(f"{m}: {sv['prompt_n']} prompt tokens in {sv['prompt_ms'] / 1000:.1f} s, {sv['predicted_n']} "
                        f"tokens predicted at {sv['predicted_ms'] / sv['predicted_n']:.0f} ms per token; hints from "
@@ -610,6 +674,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")
+    p.add_argument("--client", choices=sorted(CLIENTS), default="project",
+                   help="the client of the methods named without one: project (this project's clients: incremental "
+                   "changes, rest/cursor, asking again at rest/suggestionReady) or plain (whole-text changes and "
+                   "nothing of rest/*, no pause before a body); per method: --methods rest,rest:plain")
     p.add_argument("--set", action="append", default=[], help="a server setting for every method, KEY=VALUE")
     p.add_argument("--keep", action="store_true", help="keep the workspace and the server logs")
     p.add_argument("--trace", action="store_true", help="every pause's text, answer and latency in the JSON")

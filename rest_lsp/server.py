@@ -19,7 +19,7 @@ from pygls.protocol.json_rpc import JsonRPCNotification
 
 from .documents import FastTextDocument
 from .documents import install as install_documents
-from .service.config import ServerConfig
+from .service.config import PATH_KEYS, ServerConfig, withhold
 from .service.core import CompletionRequest, CompletionService, ServiceError
 from .service.prompt import Selected
 
@@ -34,6 +34,7 @@ CURSOR = "rest/cursor"   # notification from our editor clients: where the curso
 READY = "rest/suggestionReady"
 REBUILD_INDEX = "rest-lsp.rebuildIndex"   # workspace/executeCommand: rebuild the workspace datastores
 MODEL_UNAVAILABLE = -32001   # a server-defined JSON-RPC error code: the model failed to load
+NOT_ALLOWED = -32003         # server-defined: what a client not trusted with paths may not do (rest/drafts)
 
 
 class _Protocol(LanguageServerProtocol):
@@ -81,6 +82,12 @@ def _version() -> str:
 
 
 class RestLanguageServer(LanguageServer):
+    # Over stdio the client is the editor that started the server as the user, so it may name paths and
+    # models and read drafts; a TCP client only with --trust-client (rest_lsp/cli.py).
+    trust_client = True
+    # False for a TCP daemon that serves the next client after this one's `exit`
+    exit_ends_process = True
+
     def __init__(self, config: ServerConfig | None = None):
         super().__init__("rest-lsp", _version(), protocol_cls=_Protocol,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
@@ -142,10 +149,13 @@ def _from_columns(doc, text: str, line: int, col: int) -> types.Position:
 
 
 def _edit_end(doc, changes) -> tuple[int, int] | None:
-    """Where the cursor is after an edit: the end of the last change's inserted text (None for a whole-text
-    change, which says nothing about the cursor)."""
-    if not changes or getattr(changes[-1], "range", None) is None:
+    """Where the cursor is after an edit: the end of the last change's inserted text. A whole-text change says
+    nothing about the cursor, so the document located its edit against the text before it (documents.edit_end:
+    common prefix and suffix); None where nothing changed."""
+    if not changes:
         return None
+    if getattr(changes[-1], "range", None) is None:
+        return getattr(doc, "full_change_end", None)
     change = changes[-1]
     start, text = change.range.start, change.text
     lines = text.split("\n")
@@ -186,7 +196,8 @@ def initialize(ls: RestLanguageServer, params: types.InitializeParams):
     except RuntimeError:
         pass
     install_documents(ls.workspace)   # edits cost what the edit costs (rest_lsp/documents.py)
-    ls.service.configure(params.initialization_options or {})   # problems are shown (window/showMessage)
+    # problems are shown (window/showMessage)
+    ls.service.configure(_client_settings(ls, params.initialization_options or {}))
     if _announces_ready(params.capabilities):
         ls.service.on_ready = ls.suggestion_ready
     ls.service.start()
@@ -216,6 +227,8 @@ def exit_(ls: RestLanguageServer, params):
     # make sure the process ends soon after `exit` either way.
     rc = 0 if ls.protocol._shutdown else 1
     close_all(ls)
+    if not ls.exit_ends_process:
+        return
     logging.shutdown()
     timer = threading.Timer(1.0, os._exit, args=(rc,))
     timer.daemon = True
@@ -223,9 +236,22 @@ def exit_(ls: RestLanguageServer, params):
 
 
 def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams):
-    changed, _ = ls.service.configure(params.settings)   # problems are shown (window/showMessage)
+    changed, _ = ls.service.configure(_client_settings(ls, params.settings))   # problems are shown
     if ls.indexing is not None and changed & {"exclude", "index_workspace", "cache_dir", "corpus"}:
         ls.indexing.reconfigure(changed)
+
+
+def _client_settings(ls: RestLanguageServer, settings: Any) -> Any:
+    """The client's settings less those naming paths or models when it is not trusted with them (said in
+    window/showMessage); the other settings apply as sent."""
+    if ls.trust_client:
+        return settings
+    kept, withheld = withhold(settings, PATH_KEYS)
+    if withheld:
+        ls.show_warning(f"ignored {', '.join(sorted(withheld))} from the client: settings that name a path or a "
+                        "model are taken from a TCP client only when the server is started with --trust-client "
+                        "(or give them on the server's command line)")
+    return kept
 
 
 def did_open(ls: RestLanguageServer, params: types.DidOpenTextDocumentParams):
@@ -258,6 +284,7 @@ def cursor(ls: RestLanguageServer, params: Any):
 def did_save(ls: RestLanguageServer, params: types.DidSaveTextDocumentParams):
     if ls.indexing is not None:
         ls.indexing.file_saved(params.text_document.uri)
+    ls.service.document_saved(params.text_document.uri)
 
 
 def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams):
@@ -324,6 +351,10 @@ def rebuild_index(ls: RestLanguageServer, *args):
 
 async def drafts(ls: RestLanguageServer, params: Any):
     """Debug: what the datastores propose after some text ({"text": str, "max_len"?: int})."""
+    if not ls.trust_client:   # it reads indexed text out of any folder the server indexed
+        from pygls.exceptions import JsonRpcServerError
+        raise JsonRpcServerError("rest/drafts is answered over TCP only when the server is started with "
+                                 "--trust-client", NOT_ALLOWED)
     params = _as_dict(params)
     max_len = params.get("max_len", 10)
     if not isinstance(params.get("text"), str) or isinstance(max_len, bool) or \

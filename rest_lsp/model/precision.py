@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import platform
 import statistics
 import time
@@ -84,6 +85,8 @@ INT8_QUALITY: dict[str, float] = {
 }
 INT8_MAX_LOSS = 2.0  # points of first-line exact match int8 may lose against bf16 and still be chosen
 # the same for weight-only int8 (int8w), against fp32 on the same cases
+# A single measurement, not a bound: one run of 240 boltons lines on one AVX-512 Xeon (2026-12-02), which
+# `auto` applies as it stands on every CPU (nothing measures the quality again per model or per CPU).
 INT8W_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": -0.8,  # 89 vs 91 of 240 boltons lines (2026-12-02, AVX-512 Xeon)
 }
@@ -381,6 +384,11 @@ def disagreement(data: dict, in_use: str, live_step_ms: float) -> str | None:
     return None
 
 
+# a re-measurement holds the model in fp32 again plus a converted copy per candidate: this many times the
+# fp32 model's bytes must be available
+REMEASURE_MEMORY_FACTOR = 4
+
+
 class LiveCheck:
     """The precision in use held to the daemon's own decoding steps: after every LIVE_WINDOW new steps of at
     most LIVE_MAX_DRAFT draft nodes, their median is compared with the cached figure (`disagreement`). A
@@ -440,6 +448,23 @@ class LiveCheck:
     @property
     def due(self) -> bool:
         return self.action == "pending"
+
+    def machine_allows(self, model_bytes: int) -> str | None:
+        """Why the machine cannot take a re-measurement now, or None. It loads the model again in fp32 and
+        converts a copy per candidate: several times the model's size (4 daemons of the typing benchmark that
+        re-measured at once were killed for memory), and it times forwards, which another busy process makes
+        meaningless (the 1-minute load average above half the cores)."""
+        try:
+            avail = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
+                         if ln.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError):
+            avail = None
+        if avail is not None and avail < REMEASURE_MEMORY_FACTOR * model_bytes:
+            return f"{avail >> 20} MiB available, {REMEASURE_MEMORY_FACTOR * model_bytes >> 20} MiB needed"
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if load > 0.5 * (os.cpu_count() or 1):
+            return f"the machine is busy (load {load:.1f})"
+        return None
 
     def remeasure(self, load_fp32: Callable[[], object], *, timer: Timer | None = None) -> Generator[None, None, dict | None]:
         """The re-measurement, one forward per step (load_fp32: the model again, in fp32); caches its result."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rest_lsp.filenames import safe_filename
+from rest_lsp.model.prompts import RepoContext
 from rest_lsp.storage import cache_root
 
 from .config import ModelLimits, ServerConfig, prompt_windows
@@ -32,6 +33,8 @@ HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the
 # Prompt tokens per forward when warming the cache: a completion that arrives meanwhile waits at most one such
 # chunk (about 0.2-0.3 s for the embedded model on 2 cores), at a small loss of throughput against 256.
 WARM_CHUNK = 64
+# The text whose tokens the load-time tree check verifies (any text would do; code reads like the daemon's input)
+TREE_PROBE_TEXT = "def area(width, height):\n    return width * height\n"
 
 
 def history_path(cache_dir: Path, model_key: str) -> Path:
@@ -47,7 +50,7 @@ class EngineBackend:
         from rest_lsp.engine.generate import Engine
         from rest_lsp.engine.history import HistoryFile, history_model_key
         from rest_lsp.engine.policy import make_sources
-        from rest_lsp.engine.sources import ContextSource, HistorySource
+        from rest_lsp.engine.sources import ContextSource, HistorySource, SnippetSource
 
         self.loaded = loaded
         self.name = loaded.name
@@ -63,6 +66,7 @@ class EngineBackend:
                 self.corpus_error = f"{type(exc).__name__}: {exc}"
                 log.warning("corpus datastore %s not used: %s", corpus_path, self.corpus_error)
         self.context = ContextSource()
+        self.snippets = SnippetSource()  # the cross-file blocks' snippets, one buffer per document
         self.history = HistorySource()
         self.history_file: HistoryFile | None = None
         self.history_error: str | None = None
@@ -71,17 +75,27 @@ class EngineBackend:
             self._load_history(HistoryFile(history_file, history_model_key(loaded), self.history))
         # the policy `rest-lsp bench --methods rest` measures (rest_lsp/engine/policy.py)
         sources = make_sources("rest", context=self.context, history=self.history, repository=repository,
-                               corpus=self.corpus)
+                               corpus=self.corpus, snippets=self.snippets)
         from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 
         # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
         verifier = make_verifier_or_eager(loaded, "auto")
         self.verifier_kind = verifier_kind(verifier)
+        # checked here, on this device and CPU, through the verifier chosen, rather than assumed per kind
+        self.tree_check = tree_exactness(verifier, loaded, self.encode(TREE_PROBE_TEXT))
+        self.trees_exact = self.tree_check.exact
+        if not self.trees_exact:
+            log.warning("draft trees refused, completions decode plainly (a draftBudget setting overrides): %s",
+                        self.tree_check.reason)
         # one engine, one KV cache: plain decoding is the same engine with draft_budget 0, so REST and
         # plain run the same forward and share the reuse of the prompt's prefix
         self.engine = Engine(loaded, sources, verifier=verifier, kv_pool_bytes=kv_pool_bytes)
-        self.trees_exact = trees_verify_exactly(self.verifier_kind, loaded)
         self.precision_choice: dict | None = None  # what `precision: auto` measured on this CPU
+        self._snippet_texts: dict[str, list[str]] = {}
+        # the live steps held to that measurement (rest_lsp/model/precision.py LiveCheck), and how to load the
+        # model again in fp32 to measure once more when they disagree
+        self.precision_check = None
+        self.model_spec: str | None = None
         self.config_seen: ServerConfig | None = None
 
     def warm_up(self) -> None:
@@ -154,24 +168,27 @@ class EngineBackend:
         return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix, anchor)
 
     def start(self, key: str, ctx: CompletionContext, config: ServerConfig, *, purpose: str = "predict",
-              temperature: float = 0.0, seed: int | None = None, anchor: int | None = None) -> CompletionRun:
+              temperature: float = 0.0, seed: int | None = None, anchor: int | None = None,
+              repo: RepoContext | None = None) -> CompletionRun:
         """purpose: "warm" computes the prompt only (in small chunks, so a completion pre-empts it soon);
         "predict" decodes greedily past the cursor's line to the end of its block (what the next pauses show);
         "typing" is "predict" with the prompt in a warm-up's small chunks (started by a key, not a request);
-        "sample" is "predict" at a temperature (an Invoked request's alternatives)."""
+        "sample" is "predict" at a temperature (an Invoked request's alternatives). `repo`: the cross-file
+        block the prompt starts with (rest_lsp/service/crossfile.py); its snippets draft too."""
         from rest_lsp.engine.generate import GenerationConfig
 
         self.config_seen = config
         parts = self.prompt_parts(ctx, config, anchor)
         prompt = self.loaded.build_prompt(parts.prefix, parts.suffix, middle=parts.middle, order=parts.order,
-                                          max_new_tokens=config.max_tokens)
+                                          max_new_tokens=config.max_tokens, repo=repo)
+        self.set_snippets(key, repo)
         if purpose == "warm":
             return CompletionRun(self.engine.start(prompt, GenerationConfig(max_new_tokens=0), key=key,
                                                    chunk=WARM_CHUNK))
         lines = 1 if ctx.infill_in_line() else config.max_lines
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
-            # automatic budget where trees verify exactly; plain decoding where they cannot (trees_verify_exactly)
+            # automatic budget where trees verify exactly; plain decoding where they do not (tree_exactness)
             draft_budget=config.draft_budget if config.draft_budget is not None or self.trees_exact else 0,
             max_lines=lines,
             stop_text=ctx.stop_text() if lines > 1 else None,
@@ -180,14 +197,53 @@ class EngineBackend:
         return CompletionRun(self.engine.start(prompt, gen, key=key, chunk=WARM_CHUNK if purpose == "typing" else None),
                              parts.lead)
 
+    def set_snippets(self, key: str, repo: RepoContext | None) -> None:
+        """The snippets a document's prompts hold, as the snippet source's buffer of that document."""
+        texts = [text for _, text in repo.files] if repo is not None else []
+        if not texts:
+            self.snippets.drop_buffer(key)
+        elif self._snippet_texts.get(key) != texts:
+            self.snippets.set_buffer(key, self.encode("\n".join(texts)))
+        self._snippet_texts.pop(key, None)
+        self._snippet_texts[key] = texts
+        if len(self._snippet_texts) > 16:  # the documents used last
+            old = next(iter(self._snippet_texts))
+            self._snippet_texts.pop(old)
+            self.snippets.drop_buffer(old)
+
+    def clear_snippets(self) -> None:
+        """No document's snippets draft any more (a benchmark's configurations start alike)."""
+        for key in list(self._snippet_texts):
+            self.snippets.drop_buffer(key)
+        self._snippet_texts.clear()
+
     def advance(self, run: CompletionRun) -> None:
         self.engine.advance(run.run)
 
     def stop(self, run: CompletionRun, reason: str) -> None:
         if not run.done:
             self.engine.stop(run.run, reason)
+        if self.precision_check is not None and not run.observed:
+            run.observed = True
+            self.precision_check.observe(run.run.result.forward_ms, run.run.result.draft_sizes)
         if run.run.config.max_new_tokens:
             self.save_history(force=False)
+
+    def idle_work(self):
+        """What the inference worker runs, one forward per step, once it has been idle a while
+        (rest_lsp/service/worker.py): the precision measured again when the live steps disagreed with it."""
+        check = self.precision_check
+        if check is None or not check.due:
+            return None
+        fp32_bytes = 4 * sum(t.numel() for t in (*self.loaded.model.parameters(), *self.loaded.model.buffers()))
+        busy = check.machine_allows(fp32_bytes)
+        if busy is not None:
+            check.reason = f"re-measurement postponed: {busy}"
+            return None  # asked again after the next job
+        from rest_lsp.model.host import load_model
+
+        spec = self.model_spec
+        return check.remeasure(lambda: load_model(spec, device="cpu", precision="fp32"))
 
     def figures(self, crun: CompletionRun) -> dict:
         run = crun.run
@@ -205,7 +261,8 @@ class EngineBackend:
     def limits(self) -> ModelLimits:
         context = self.engine.max_positions or self.loaded.context_length
         return ModelLimits(context=int(context) if context else None, tree_reserve=self.engine.tree_reserve,
-                           fim=self.loaded.fim is not None, exact_trees=self.trees_exact)
+                           fim=self.loaded.fim is not None, exact_trees=self.trees_exact,
+                           trees_reason=self.tree_check.reason)
 
     def reset_kv_cache(self) -> None:
         """Start the next run from an empty KV cache (fair timing in `complete --compare`)."""
@@ -214,8 +271,10 @@ class EngineBackend:
     def describe(self) -> dict:
         lm = self.loaded
         return {"name": lm.name, "device": str(lm.device), "precision": lm.precision, "verifier": self.verifier_kind,
+                "trees": self.tree_check.describe() | {"exact": self.trees_exact},
                 "layout": resolve_layout(self.config_seen.layout) if self.config_seen else None,
                 "precision_choice": self.precision_choice,
+                "precision_check": self.precision_check.snapshot() if self.precision_check is not None else None,
                 "kv_cache": self.engine.pool.snapshot() | {"active_tokens": self.engine.cached_tokens},
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
@@ -230,6 +289,7 @@ class CompletionRun:
 
     def __init__(self, run: Run, lead: str = ""):
         self.run, self.lead = run, lead
+        self.observed = False  # its steps were given to the precision's live check
 
     @property
     def done(self) -> bool:
@@ -253,22 +313,42 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     if config.precision == "auto" and loaded.device.type == "cpu" and loaded.precision == "fp32":
         from rest_lsp.model.precision import as_precision, choose
 
-        choice, precision_choice = choose(loaded)  # measured once per model and CPU (cached)
+        # measured once per model and CPU (cached), again where that measurement was noisy or contradicted
+        choice, precision_choice = choose(loaded)
         loaded = as_precision(loaded, choice)
     cache = Path(config.cache_dir).expanduser() if config.cache_dir else cache_root()
     history = history_path(cache, history_model_key(loaded)) if config.persist_history else None
     backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,
                             history_file=history, kv_pool_bytes=config.kv_cache_mb << 20)
     backend.precision_choice = precision_choice
+    backend.model_spec = config.model
+    if precision_choice is not None and isinstance(precision_choice.get(precision_choice.get("choice")), dict):
+        from rest_lsp.model.precision import LiveCheck
+
+        backend.precision_check = LiveCheck(loaded.name, precision_choice)
     backend.warm_up()
     return backend
 
 
 def trees_verify_exactly(verifier_kind: str, loaded) -> bool:
-    """Whether a draft tree's rows round as plain decoding's single row does (the fast and static verifiers
-    make sure of it; transformers' forward on a CPU only where its kernels do)."""
+    """Whether the CPU's kernels round a row alike alone and among others for transformers' own forward
+    (eager_row_invariant: products of 1-33 rows, more shapes than tree_exactness's one tree can try); the
+    other verifiers and devices are left to that check."""
     if verifier_kind != "eager" or loaded.device.type != "cpu":
         return True
     from rest_lsp.model.fast import eager_row_invariant
 
     return eager_row_invariant(next(loaded.model.parameters()).dtype)
+
+
+def tree_exactness(verifier, loaded, tokens: Sequence[int]):
+    """A TreeCheck (rest_lsp/model/verifiers.py): the verifier's own tree rows against its plain rows, on
+    every device and for every kind, and for the eager forward on a CPU its kernels' row invariance too."""
+    from rest_lsp.model.verifiers import TreeCheck, check_tree_rows, verifier_kind
+
+    check = check_tree_rows(verifier, tokens)
+    kind = verifier_kind(verifier)
+    if check.exact and not trees_verify_exactly(kind, loaded):
+        return TreeCheck(False, f"the {kind} verifier on cpu: this CPU's matrix products round a row "
+                                "differently alone than among others (eager_row_invariant)", check.ms)
+    return check

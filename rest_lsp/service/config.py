@@ -16,12 +16,16 @@ SECTIONS = ("rest-lsp", "restLsp", "rest_lsp")
 
 # Settings whose change means the model (and everything tokenised with it) must be reloaded.
 MODEL_KEYS = frozenset({"model", "device", "precision"})
+# Settings that name a path or a model: what the server reads, loads or writes. Over TCP a client may be
+# another local process than the user's editor, so these are taken from it only when the server was started
+# with --trust-client (docs/daemon.md, "Serving over TCP").
+PATH_KEYS = frozenset({"model", "cache_dir", "request_log", "corpus"})
 
 
 @dataclass
 class ServerConfig:
     model: str | None = None            # model dir / hub id / .gguf; None: the embedded Qwen2.5-Coder-0.5B
-    device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
+    device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" (mps: refused at load)
     precision: str = "auto"             # "auto" | "fp32" | "int8" | "int8w" | "bf16" | "fp16"
     corpus: str | None = None           # a datastore built with `rest-index` (optional)
     draft_budget: int | None = None     # draft tree nodes per step; None: calibrated, 0: plain decoding
@@ -52,9 +56,16 @@ class ServerConfig:
     max_suffix_chars: int | None = None  # text after the cursor (fill-in-the-middle); None: 1500 (300 on a CPU)
     max_live_bytes: int = 2_000_000     # larger open buffers are not fed to the live draft shard
     queue_size: int = 8                 # pending requests (one per document at most) before the oldest is dropped
+    cross_file: bool = False            # other files of the repository before the current one in the prompt
+                                        # (opt-in: measured no better for a person typing, docs/crossfile.md)
+    cross_file_tokens: int | None = None  # their token budget; None: 512 on a CPU, 2048 elsewhere
+    cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent"])
 
 
 _FIELD_NAMES = {f.name for f in fields(ServerConfig)}
+# Upper bounds of counts that nothing else bounds: with timeBudgetMs 0 an Invoked request samples every
+# alternative to its end, so a million of them is a request that never answers; refused at the door.
+MAXIMA = {"alternatives": 10}
 
 
 def _snake(key: str) -> str:
@@ -65,25 +76,31 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
     """Type-check one setting against the field's default type; raise ValueError with the setting's name."""
     if value is None:
         if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log",
-                    "max_prefix_chars", "max_suffix_chars"}:
+                    "max_prefix_chars", "max_suffix_chars", "cross_file_tokens"}:
             return None
         raise ValueError(f"{name}: null is not allowed")
     default = getattr(ServerConfig(), name)
     kind = type(default) if default is not None else {"draft_budget": int, "languages": list, "max_prefix_chars": int,
-                                                      "max_suffix_chars": int}.get(name, str)
+                                                      "max_suffix_chars": int, "cross_file_tokens": int}.get(name, str)
     if kind is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true/false, got {value!r}")
         return value
     if kind is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+        # is_integer() first: int() of NaN or infinity raises an error that would not name the setting
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not value.is_integer()) or value < 0:
             raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
+        if name in MAXIMA and value > MAXIMA[name]:
+            raise ValueError(f"{name}: at most {MAXIMA[name]}, got {value!r}")
         return int(value)
     if kind is list:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{name}: expected a list of strings, got {value!r}")
+        if name == "cross_file_selectors" and not set(value) <= set(CROSS_FILE_SELECTORS):
+            raise ValueError(f"{name}: expected a list of {', '.join(CROSS_FILE_SELECTORS)}, got {value!r}")
         return list(value)
     if not isinstance(value, str):
         raise ValueError(f"{name}: expected a string, got {value!r}")
@@ -101,6 +118,21 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
 WINDOWS = {"cpu": (3000, 300), "other": (6000, 1500)}
 
 
+# The cross-file block's token budget by device: computed once per block in the background, but every
+# decoding step attends over it and the block is computed again whenever it changes (docs/crossfile.md).
+CROSS_FILE_TOKENS = {"cpu": 512, "other": 2048}
+CROSS_FILE_SELECTORS = ("definitions", "similar", "recent")
+
+
+def cross_file_budget(config: "ServerConfig", device_type: str) -> int:
+    """Tokens of other files the prompt may hold (0: none)."""
+    if not config.cross_file:
+        return 0
+    if config.cross_file_tokens is not None:
+        return config.cross_file_tokens
+    return CROSS_FILE_TOKENS["cpu" if device_type == "cpu" else "other"]
+
+
 def prompt_windows(config: "ServerConfig", device_type: str) -> tuple[int, int]:
     """(max_prefix_chars, max_suffix_chars) in effect on this device."""
     pre, suf = WINDOWS["cpu" if device_type == "cpu" else "other"]
@@ -114,7 +146,8 @@ class ModelLimits:
     context: int | None          # positions the engine holds: prompt + completion + one draft tree
     tree_reserve: int = 0        # positions the engine keeps free for the last step's draft tree
     fim: bool = True             # the model has a fill-in-the-middle prompt format
-    exact_trees: bool = True     # its verifier gives a row the same bits alone and in a tree (rest_lsp/model/fast.py)
+    exact_trees: bool = True     # its verifier gave a row the same bits alone and in a tree (checked at load)
+    trees_reason: str | None = None  # what that check found where it did not
 
 
 MIN_PROMPT_TOKENS = 256      # the least prompt a completion is worth making from
@@ -138,8 +171,8 @@ def check_against_model(config: ServerConfig, limits: ModelLimits) -> tuple[Serv
                 problems.append(f"{_camel(name)} {v} is more than the model's {limits.context}-token context can "
                                 "hold; prompts are cut to fit it")
     if not limits.exact_trees and config.draft_budget != 0:
-        why = ("this model runs through transformers' own forward, which this CPU computes with other rounding for "
-               "a row alone than among others")
+        why = (f"draft trees are not exact here ({limits.trees_reason})" if limits.trees_reason else
+               "this model's verifier computes a row with other rounding alone than among others")
         if config.draft_budget is None:
             problems.append(f"{why}: it decodes plainly, without drafts, to keep the output exact (a draftBudget "
                             "speculates anyway, and can then differ from plain decoding where two tokens nearly tie; "
@@ -166,6 +199,20 @@ def unwrap_settings(settings: Any) -> dict:
         if isinstance(settings.get(section), dict):
             return settings[section]
     return settings
+
+
+def withhold(settings: Any, names: frozenset[str]) -> tuple[Any, list[str]]:
+    """`settings` without the keys that are `names` once spelt snake_case, in the same shape (flat or under
+    its section), and those keys as the client spelt them."""
+    inner = unwrap_settings(settings)
+    dropped = [str(k) for k in inner if _snake(str(k)) in names]
+    if not dropped:
+        return settings, []
+    kept = {k: v for k, v in inner.items() if str(k) not in dropped}
+    if inner is settings:
+        return kept, dropped
+    section = next(s for s in SECTIONS if settings.get(s) is inner)
+    return {**settings, section: kept}, dropped
 
 
 def merge(config: ServerConfig, settings: Any) -> tuple[ServerConfig, set[str], list[str]]:

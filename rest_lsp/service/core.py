@@ -398,7 +398,11 @@ class CompletionService:
             self.worker.stop(job, "superseded")
         cfg = self.config
         stats = self.stats
-        anchor = self._anchor(uri, ctx)
+        # the document's anchor as typing left it, read and not moved: this runs on the selection thread with a
+        # cursor that typing may have passed since, and moving the anchor would change the next prompts' middle
+        with self._anchors_lock:
+            kept = self._anchors.get(uri)
+        anchor = kept.offset if kept is not None and cfg.middle_lines > 0 else None
 
         def warm(backend: Backend):
             run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=sel.repo)

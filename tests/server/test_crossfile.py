@@ -285,7 +285,8 @@ def daemon(tmp_path, tiny_model):
 
     root = make_repo(tmp_path / "proj")
     service = CompletionService(ServerConfig(model=str(tiny_model), cache_dir=str(tmp_path / "cache"),
-                                             persist_history=False, exclude=["generated/"], max_tokens=8),
+                                             persist_history=False, exclude=["generated/"], max_tokens=8,
+                                             cross_file=True),
                                 notify=lambda level, msg: None)
     service.start()
     index = WorkspaceIndex(service, lambda level, msg: None)

@@ -127,6 +127,11 @@ def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_
     stats = backend.describe()["precision_check"]
     assert stats["verdict"] == "disagrees" and stats["action"] == "pending" and stats["cached_step_ms"] == 97.6
     figures.update(fp32=66.2, bf16=43.5)  # the machine is quiet now
+    # a machine short of memory or busy with another process postpones it: nothing is loaded, still pending
+    check.machine_allows = lambda model_bytes: "the machine is busy (load 3.0)"
+    assert backend.idle_work() is None and check.due
+    assert backend.describe()["precision_check"]["reason"] == "re-measurement postponed: the machine is busy (load 3.0)"
+    check.machine_allows = lambda model_bytes: None
     work = backend.idle_work()
     assert work is not None
     data = precision.run_to_end(work)
@@ -134,3 +139,15 @@ def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_
     stats = backend.describe()["precision_check"]
     assert stats["action"] == "measured" and stats["remeasured"]["applies"] == "at the next start"
     assert backend.idle_work() is None
+
+
+def test_a_remeasurement_needs_memory_for_the_model_in_fp32_and_its_copies(monkeypatch):
+    from rest_lsp.model import precision
+
+    check = precision.LiveCheck.__new__(precision.LiveCheck)
+    monkeypatch.setattr(precision.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    avail = int(next(ln.split()[1] for ln in open("/proc/meminfo") if ln.startswith("MemAvailable:"))) * 1024
+    assert check.machine_allows(avail // (2 * precision.REMEASURE_MEMORY_FACTOR)) is None
+    assert "needed" in check.machine_allows(avail // precision.REMEASURE_MEMORY_FACTOR + (1 << 30))
+    monkeypatch.setattr(precision.os, "getloadavg", lambda: (64.0, 0.0, 0.0))
+    assert "busy" in check.machine_allows(1)

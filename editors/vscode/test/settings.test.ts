@@ -16,7 +16,7 @@ test("defaults leave the server's own defaults in force", () => {
     draftBudget: null,
     indexWorkspace: true,
     persistHistory: true,
-    crossFile: true,
+    crossFile: false,
     languages: null,
   });
 });
@@ -36,7 +36,7 @@ test("every server setting is sent under the server's camelCase key", () => {
     exclude: ["**/gen/**"],
     indexWorkspace: false,
     persistHistory: false,
-    crossFile: false,
+    crossFile: true,
     crossFileTokens: 256,
     requestLog: "/tmp/requests.jsonl",
   };
