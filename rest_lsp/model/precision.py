@@ -111,8 +111,9 @@ def _cache_path(model_name: str, int8: bool = False, int8w: bool = False) -> Pat
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 
-def time_forwards(verifier, vocab_size: int) -> dict:
-    """ms of one 64-token prompt chunk after 300 cached tokens, and of one-token steps (median)."""
+def forward_timer(verifier, vocab_size: int) -> Callable[..., float]:
+    """forward(q, rows=None): ms of one forward of q random tokens (a chain) through `verifier`, appended to its
+    cache; the tokens come from a fixed seed, so every candidate times the same inputs."""
     from rest_lsp.engine.verifier import chain_mask
 
     g = torch.Generator().manual_seed(0)
@@ -121,6 +122,13 @@ def time_forwards(verifier, vocab_size: int) -> dict:
         t = time.perf_counter()
         verifier.forward(torch.randint(0, vocab_size, (q,), generator=g), torch.arange(q), chain_mask(q), rows=rows)
         return (time.perf_counter() - t) * 1000
+
+    return forward
+
+
+def time_forwards(verifier, vocab_size: int) -> dict:
+    """ms of one 64-token prompt chunk after 300 cached tokens, and of one-token steps (median)."""
+    forward = forward_timer(verifier, vocab_size)
 
     verifier.truncate(0)
     forward(300, rows=[299])
@@ -162,14 +170,7 @@ def round_timer(name: str, verifier, vocab_size: int) -> Callable[[], dict]:
     """Prepares `verifier` (300 cached tokens; the first calls of both shapes paid) and returns one round's
     timing of it: {"prompt_chunk_ms": a 64-token chunk after the 300 tokens, "step_ms": the median of
     ROUND_STEPS one-token steps}. `name` is the candidate's, for a timer standing in for this one (tests)."""
-    from rest_lsp.engine.verifier import chain_mask
-
-    g = torch.Generator().manual_seed(0)
-
-    def forward(q: int, rows=None) -> float:
-        t = time.perf_counter()
-        verifier.forward(torch.randint(0, vocab_size, (q,), generator=g), torch.arange(q), chain_mask(q), rows=rows)
-        return (time.perf_counter() - t) * 1000
+    forward = forward_timer(verifier, vocab_size)
 
     verifier.truncate(0)
     forward(300, rows=[299])

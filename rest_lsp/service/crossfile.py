@@ -55,6 +55,8 @@ RING = 16                  # chunks kept in the recent-files ring
 RING_LINES = 16            # lines of a ring chunk
 SNIPPET_OVERHEAD = 8       # tokens of a snippet's path line in the block
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `from MODULE import NAMES` (1: module, 2: names) or `import MODULES` (3)
+_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+\(?([\w\s,]+)\)?|^\s*import\s+([\w., ]+)", re.M)
 # the builtin types' methods too: `li.sort()` says nothing about the repository
 _COMMON = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {
     m for t in (str, list, dict, set, tuple, bytes, int, float) for m in dir(t) if not m.startswith("_")} | {
@@ -108,8 +110,8 @@ def names_near(prefix: str, line_text: str = "", window: int = WINDOW_LINES) -> 
         name = m.group(0)
         if name not in _COMMON and len(name) > 1:
             seen.setdefault(name, None)
-    for m in re.finditer(r"^\s*from\s+[\w.]+\s+import\s+\(?([\w\s,]+)\)?|^\s*import\s+([\w., ]+)", prefix, re.M):
-        for name in _IDENT.findall(m.group(1) or m.group(2) or ""):
+    for m in _IMPORT.finditer(prefix):
+        for name in _IDENT.findall(m.group(2) or m.group(3) or ""):
             if name not in _COMMON and name not in ("as", "import"):
                 seen.setdefault(name, None)
     return list(seen)
@@ -280,7 +282,7 @@ def imported_names(text: str, root: Path | None = None) -> set[str]:
     package or module is in `root`): its own API, whose definition and uses show how it is called. A standard
     library or third-party module's name says nothing about the repository."""
     out: set[str] = set()
-    for m in re.finditer(r"^\s*from\s+([\w.]+)\s+import\s+\(?([\w\s,]+)\)?|^\s*import\s+([\w., ]+)", text, re.M):
+    for m in _IMPORT.finditer(text):
         if m.group(1) is not None:
             if _in_repo(m.group(1), root):
                 out |= set(_IDENT.findall(m.group(2))) - {"as"}
@@ -296,7 +298,7 @@ def _in_repo(module: str, root: Path | None) -> bool:
     return root is not None and ((root / top).is_dir() or (root / f"{top}.py").is_file())
 
 
-def lookup_names(cur: "Cursor", root: Path | None) -> list[str]:
+def lookup_names(cur: "Cursor", root: Path | None, near: list[str] | None = None) -> list[str]:
     """The names near the cursor worth a definition: imported from the repository, called (`f(`, `obj.f(`), or
     read as another object's attribute (`obj.name`, not `self.name`: the current class is in the prompt), nearest
     first. A plain local name (`data`, `extra`) would find another file's unrelated namesake."""
@@ -304,7 +306,8 @@ def lookup_names(cur: "Cursor", root: Path | None) -> list[str]:
     wanted = imported_names(cur.prefix, root)
     wanted |= set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", window))
     wanted |= {m.group(2) for m in re.finditer(r"\b(\w+)\.([A-Za-z_]\w*)", window) if m.group(1) not in ("self", "cls")}
-    return [n for n in names_near(cur.prefix, cur.line_text) if n in wanted]
+    near = near if near is not None else names_near(cur.prefix, cur.line_text)
+    return [n for n in near if n in wanted]
 
 
 def select_definitions(view: RepoView, cur: Cursor, *, names: list[str] | None = None) -> list[Snippet]:
@@ -398,8 +401,8 @@ class _Chunk:
 
 
 class RecentRing:
-    """llama.vim's ring of chunks from where the person was: a chunk per file left, saved or edited, kept newest
-    first; a chunk whose lines mostly repeat one already held replaces it."""
+    """llama.vim's ring of chunks from where the person was: a chunk per file left, saved or edited (secret lines
+    masked), kept newest first; a chunk whose lines mostly repeat one already held replaces it."""
 
     def __init__(self, size: int = RING):
         self.size = size
@@ -411,10 +414,11 @@ class RecentRing:
         lines = text.split("\n")
         start = max(0, min(line - RING_LINES // 2, len(lines) - RING_LINES))
         end = min(len(lines), start + RING_LINES)
-        body = "\n".join(lines[start:end])
+        # masked once here, not at every selection that reads the ring
+        body = clean("\n".join(lines[start:end]), Path(path).name).text
         if not body.strip():
             return
-        new = set(ln.strip() for ln in lines[start:end] if ln.strip())
+        new = set(ln.strip() for ln in body.split("\n") if ln.strip())
         with self._lock:
             self._clock += 1
             keep = []
@@ -436,8 +440,7 @@ def select_recent(view: RepoView, cur: Cursor, ring: RecentRing, *, limit: int =
     for c in ring.chunks():
         if c.path == cur.path or not view.indexed(c.path):
             continue  # only files the index admitted (not excluded, not key material)
-        text = clean(c.text, Path(c.path).name).text
-        out.append(Snippet(view.rel(c.path), c.start, c.end, text, "recent", 1.0 / (1 + len(out))))
+        out.append(Snippet(view.rel(c.path), c.start, c.end, c.text, "recent", 1.0 / (1 + len(out))))
         if len(out) >= limit:
             break
     return out
@@ -593,7 +596,7 @@ def select(views: Sequence[RepoView], cur: Cursor, *, budget: int, selectors: Se
     found: list[Snippet] = []
     if budget > 0:
         if "definitions" in selectors:
-            found += select_definitions(view, cur)
+            found += select_definitions(view, cur, names=lookup_names(cur, view.root, names))
         if "similar" in selectors:
             found += select_similar(view, cur)
         if "recent" in selectors and ring is not None:

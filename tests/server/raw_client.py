@@ -19,6 +19,22 @@ def frame(obj, *, delta: int = 0, header: bytes = b"Content-Length", eol: bytes 
     return header + b": %d" % (len(body) + delta) + eol + eol + body
 
 
+def read_message(f) -> dict | None:
+    """The next JSON-RPC message from a binary stream (headers, then Content-Length bytes); None at its end."""
+    length = None
+    while True:
+        line = f.readline()
+        if not line:
+            return None
+        if line in (b"\r\n", b"\n"):
+            break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    assert length is not None, "the server sent a header block without Content-Length"
+    return json.loads(f.read(length))
+
+
 class RawServer:
     def __init__(self, tmp: Path, *, env: dict | None = None, args: tuple[str, ...] = ()):
         self.tmp = tmp
@@ -39,20 +55,10 @@ class RawServer:
 
     # -- the server's output --------------------------------------------------------------------------
     def _read(self) -> None:
-        out = self.proc.stdout
         while True:
-            length = None
-            while True:
-                line = out.readline()
-                if not line:
-                    return
-                if line in (b"\r\n", b"\n"):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value.strip())
-            assert length is not None, "the server sent a header block without Content-Length"
-            msg = json.loads(out.read(length))
+            msg = read_message(self.proc.stdout)
+            if msg is None:
+                return
             with self._cv:
                 if "method" in msg and "id" in msg:      # a request from the server: answer null
                     self.write(frame({"jsonrpc": "2.0", "id": msg["id"], "result": None}))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raw_client import frame
+from raw_client import frame, read_message
 
 SERVER_NOT_INITIALIZED, NOT_ALLOWED, UNAUTHORIZED, BUSY = -32002, -32003, -32004, -32005
 SOURCE = "import os\n\n\ndef read_config(path):\n    with open(path) as f:\n        return f.read()\n\n\ndef main():\n    \n"
@@ -100,17 +100,9 @@ class Peer:
         f = self.sock.makefile("rb")
         try:
             while True:
-                length = None
-                while True:
-                    line = f.readline()
-                    if not line:
-                        return
-                    if line in (b"\r\n", b"\n"):
-                        break
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value.strip())
-                msg = json.loads(f.read(length))
+                msg = read_message(f)
+                if msg is None:
+                    return
                 with self._cv:
                     if "method" in msg and "id" in msg:   # a request from the server: answer null
                         self.sock.sendall(frame({"jsonrpc": "2.0", "id": msg["id"], "result": None}))
