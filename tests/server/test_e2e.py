@@ -183,6 +183,7 @@ _gate = os.environ["REST_LSP_TEST_GATE"]
 
 def advance(self, run):
     while len(run.run.tokens) >= {HOLD_AFTER} and os.path.exists(_gate):
+        open(_gate + ".held", "a").close()   # the test waits for this before it acts on the held run
         time.sleep(0.005)
     return _advance(self, run)
 
@@ -218,7 +219,9 @@ async def _cancel_and_supersede(session, tiny_model: Path, gate: Path, tmp_path:
     # the end of the file, at the top level: no later line can leave its block, so the older answer can only
     # be complete once its run ends, and the gate holds it
     older = asyncio.ensure_future(session.complete(uri, 11, 0))
-    await wait_for(session, lambda st: st["model"]["running"], "the older request decoding")
+    # held at the gate, not merely started: an edit that came earlier would stop it with fewer tokens
+    held = Path(f"{gate}.held")
+    await wait_for(session, lambda st: held.exists() and st["model"]["running"], "the older request at the gate")
     newer = asyncio.ensure_future(session.request(
         types.TEXT_DOCUMENT_INLINE_COMPLETION, session.inline_params(uri, 11, 0, invoked=True), msg_id="newer"))
     r = await older
