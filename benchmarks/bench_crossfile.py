@@ -70,7 +70,7 @@ def run(args, log) -> dict:
     from indexer.store import Datastore
     from rest_lsp.service.backend import load_backend
     from rest_lsp.service.config import ServerConfig
-    from rest_lsp.service.core import text_codec
+    from rest_lsp.service.blocks import text_codec
     from rest_lsp.service.crossfile import Cursor, RecentRing, RepoView, select
     from rest_lsp.service.prompt import build_context, shape_completion
 

@@ -23,7 +23,7 @@ excluded file or a secret never enters a prompt.
 The block must stay put while the person types (the KV cache of everything after it is reused only then): a
 `ContextKeeper` holds one block per document and offers a new one only when the selection changes materially
 (another file, a save, a new name at the cursor); the service computes the new block's prompt in the background
-and switches to it only when that is done (rest_lsp/service/core.py).
+and switches to it only when that is done (rest_lsp/service/blocks.py).
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from rest_lsp.service.config import ModelLimits, ServerConfig
-from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError, wait_for_event
+from rest_lsp.service.answering import wait_for_event
+from rest_lsp.service.core import CompletionRequest, CompletionService, ServiceError
 from rest_lsp.service.prediction import Prediction, answer
 from rest_lsp.service.prompt import build_context
 from rest_lsp.service.stats import Stats
