@@ -3,7 +3,8 @@ other file, with each selector alone, and with all of them (rest_lsp/service/cro
 is in no corpus.
 
     .venv/bin/python benchmarks/bench_crossfile.py [--projects humanize==4.17.0,marshmallow==4.4.0,boltons==26.2.0]
-        [--bodies 8] [--configs none,definitions,similar,recent,all] [--tokens 512] [--json OUT]
+        [--bodies 8] [--files 4] [--configs none,definitions,similar,recent,all] [--tokens 512] [--cross-only] [--count-only]
+        [--model PATH] [--json OUT]
 
 Per project (benchmarks/realcode.py), bodies of some files are removed as `bench_typing.py` removes them (the
 workspace is the project with those bodies gone: what is on disk while a person writes them), and the workspace
@@ -12,13 +13,18 @@ suggestion: is the whole body right?), and every line of it with the lines above
 line's indentation: is the line right?). Every configuration completes every case through the daemon's own
 path (EngineBackend: the line layout with the body as the prompt's middle, greedy, drafts on); the recent-files
 ring holds the places of the cases before it in other files, as a person moving between files would leave it.
-Reported per configuration: first-line exact, whole-body exact, characters of the line right, the block's
-tokens, accepted tokens per step by draft source, and the distribution of accepted runs.
+Reported per configuration: first-line exact (also on the `cross` lines alone: a line that uses a name another
+file of the workspace defines and its own file does not, CrossCodeEval's kind of line), whole-body exact,
+characters of the line right, the block's tokens, accepted tokens per step by draft source, and the
+distribution of accepted runs.
 """
 from __future__ import annotations
 
 import argparse
+import builtins
+import keyword
 import random
+import re
 import sys
 import tempfile
 import time
@@ -92,6 +98,9 @@ def run(args, log) -> dict:
             store = Datastore.build([ws], Path(tmp) / "ds", tokenizer=backend.tokenizer_spec())
             view = RepoView(ws, store, encode, decode)
             todo = cases_of(files, args.bodies, args.seed)
+            mark_cross(todo, ws)
+            if args.cross_only:
+                todo = [c for c in todo if c["kind"] == "line" and c["cross"]]
             report["projects"][spec] = {"cases": len(todo), "files": [str(p.relative_to(ws)) for p, _, _ in files]}
             log(f"{spec}: {len(todo)} cases, {len(store.documents)} files indexed")
             for conf in configs:
@@ -121,7 +130,8 @@ def run(args, log) -> dict:
                     n = 0
                     while n < min(len(shown), len(target)) and shown[n] == target[n]:
                         n += 1
-                    rows[conf].append({"project": spec, "kind": case["kind"], "exact": shown.rstrip() == target,
+                    rows[conf].append({"project": spec, "kind": case["kind"], "cross": case["cross"],
+                                       "exact": shown.rstrip() == target,
                                        "chars_right": n, "target_chars": len(target), "block_tokens":
                                        sum(b["tokens"] for b in block), "snippets": block,
                                        "prompt_tokens": f["prompt_tokens"], "steps": f["steps"],
@@ -137,8 +147,46 @@ def run(args, log) -> dict:
     return report
 
 
+def mark_cross(cases: list[dict], ws: Path, window: tuple[int, int] = (3000, 300)) -> None:
+    """Flag what a case's line needs that its prompt may lack. `cross`: the line uses a name that another file
+    of the workspace defines and that the case's own document never mentions (CrossCodeEval's kind of line: what
+    only another file can tell the model). `unseen`: the line uses a name (not a builtin, 3+ characters) that
+    the prompt's window of the document (`window`: characters before and after the cursor, the daemon's CPU
+    defaults) does not hold; `unseen_repo`: one of those is defined somewhere in the workspace."""
+    from rest_lsp.service.crossfile import defined_names
+
+    ident = re.compile(r"[A-Za-z_]\w*")
+    # a method of a builtin type (`get`, `items`) or a builtin says nothing about the repository
+    common = set(dir(builtins)) | set(keyword.kwlist) | {m for t in (str, list, dict, set, tuple, bytes, int, float)
+                                                          for m in dir(t)}
+    defs = {p: defined_names(p.read_text(encoding="utf-8", errors="replace")) - common for p in ws.rglob("*.py")}
+    everywhere = set().union(*defs.values())
+    for case in cases:
+        used = set(ident.findall(case["target"])) - common
+        elsewhere = set().union(*(d for p, d in defs.items() if p != case["file"]))
+        case["cross"] = bool((elsewhere - set(ident.findall(case["doc"]))) & used)
+        lines = case["doc"].split("\n")
+        at = len("\n".join(lines[:case["line"]])) + (1 if case["line"] else 0) + case["col"]
+        seen = set(ident.findall(case["doc"][max(0, at - window[0]):at + window[1]]))
+        unseen = {n for n in used - seen if len(n) > 2}
+        case["unseen"], case["unseen_repo"] = bool(unseen), bool(unseen & everywhere)
+
+
+def count_needs(args) -> dict:
+    """Per project, how many lines need what their prompt window lacks (`mark_cross`); no model is loaded."""
+    out = {}
+    for spec in args.projects.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            ws, files = prepare(fetch_project(spec), args.files, args.bodies, args.seed, Path(tmp))
+            lines = [c for c in cases_of(files, args.bodies, args.seed) if c["kind"] == "line"]
+            mark_cross(lines, ws)
+            out[spec] = {"lines": len(lines), **{k: sum(c[k] for c in lines) for k in ("cross", "unseen", "unseen_repo")}}
+    return out
+
+
 def summary(rs: list[dict]) -> dict:
     lines = [x for x in rs if x["kind"] == "line"]
+    cross = [x for x in lines if x["cross"]]
     bodies = [x for x in rs if x["kind"] == "body"]
     steps = sum(x["steps"] for x in rs) or 1
     by_source: Counter = Counter()
@@ -146,6 +194,8 @@ def summary(rs: list[dict]) -> dict:
         by_source.update(x["by_source"])
     runs = Counter(min(a, 8) for x in rs for a in x["runs"])
     return {"lines": len(lines), "line_exact": round(sum(x["exact"] for x in lines) / max(1, len(lines)), 3),
+            "cross_lines": len(cross),
+            "cross_line_exact": round(sum(x["exact"] for x in cross) / max(1, len(cross)), 3),
             "line_chars_right": round(sum(x["chars_right"] for x in lines) / max(1, sum(x["target_chars"] for x in lines)), 3),
             "bodies": len(bodies), "body_exact": round(sum(x["exact"] for x in bodies) / max(1, len(bodies)), 3),
             "body_chars_right": round(sum(x["chars_right"] for x in bodies) / max(1, sum(x["target_chars"] for x in bodies)), 3),
@@ -156,10 +206,11 @@ def summary(rs: list[dict]) -> dict:
 
 
 def table(report: dict) -> str:
-    out = [f"{'config':<12} {'lines':>5} {'line exact':>10} {'chars':>6} {'bodies':>6} {'body exact':>10} "
+    out = [f"{'config':<12} {'lines':>5} {'line exact':>10} {'cross':>11} {'chars':>6} {'bodies':>6} {'body exact':>10} "
            f"{'block tok':>9} {'acc/step':>8}  by source"]
     for c, s in report["configs"].items():
-        out.append(f"{c:<12} {s['lines']:>5} {s['line_exact']:>10.3f} {s['line_chars_right']:>6.3f} {s['bodies']:>6} "
+        cross = f"{s['cross_line_exact']:.3f} ({s['cross_lines']})"
+        out.append(f"{c:<12} {s['lines']:>5} {s['line_exact']:>10.3f} {cross:>11} {s['line_chars_right']:>6.3f} {s['bodies']:>6} "
                    f"{s['body_exact']:>10.3f} {s['block_tokens']:>9.1f} {s['accepted_per_step']:>8.3f}  "
                    f"{s['accepted_per_step_by_source']}")
     return "\n".join(out)
@@ -177,12 +228,21 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default="auto")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--body-tokens", type=int, default=96)
+    p.add_argument("--cross-only", action="store_true",
+                   help="only the lines that use a name another file defines (take more --bodies and --files)")
+    p.add_argument("--count-only", action="store_true",
+                   help="count the lines that need another file or text outside the prompt window (no model)")
     p.add_argument("--keep-cases", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     for c in args.configs.split(","):
         if c not in CONFIGS:
             p.error(f"unknown configuration {c!r}; one of {', '.join(CONFIGS)}")
+    if args.count_only:
+        for spec, n in count_needs(args).items():
+            print(f"{spec}: {n['lines']} lines; a name only another file defines: {n['cross']}; a name outside "
+                  f"the prompt window: {n['unseen']} (defined in the workspace: {n['unseen_repo']})")
+        return 0
     report = run(args, lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(report))
     if args.json:

@@ -1,0 +1,44 @@
+"""benchmarks/bench_crossfile.py's line flags: which lines need another file, or text outside the prompt window."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from bench_crossfile import mark_cross  # noqa: E402
+
+HELPERS = "def normalize_weight(w):\n    return w / 100\n\nclass Registry:\n    pass\n"
+
+
+def _case(ws: Path, doc: str, target: str) -> dict:
+    lines = doc.split("\n")
+    return {"file": ws / "pkg" / "current.py", "doc": doc, "line": len(lines) - 1, "col": len(lines[-1]),
+            "target": target, "kind": "line"}
+
+
+def test_a_line_needs_another_file_only_for_a_name_its_own_file_never_mentions(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "helpers.py").write_text(HELPERS)
+    doc = "import math\n\ndef area(r):\n    "
+    (tmp_path / "pkg" / "current.py").write_text(doc)
+    needs = _case(tmp_path, doc, "return normalize_weight(math.pi * r * r)")
+    known = _case(tmp_path, "from .helpers import normalize_weight\n\ndef area(r):\n    ",
+                  "return normalize_weight(math.pi * r * r)")
+    local = _case(tmp_path, doc, "return math.pi * r * r")
+    builtin = _case(tmp_path, doc, "return len(str(r))")
+    mark_cross([needs, known, local, builtin], tmp_path)
+    assert needs["cross"] and needs["unseen"] and needs["unseen_repo"]
+    assert not known["cross"]                     # the import names it: the prompt shows the name
+    assert not local["cross"] and not local["unseen"]
+    assert not builtin["cross"] and not builtin["unseen"]
+
+
+def test_unseen_is_measured_against_the_prompt_window_not_the_whole_file(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    far = "def far_away_helper(x):\n    return x\n" + "# filler line\n" * 400 + "def f(y):\n    "
+    (tmp_path / "pkg" / "current.py").write_text(far)
+    case = _case(tmp_path, far, "return far_away_helper(y)")
+    mark_cross([case], tmp_path, window=(3000, 300))
+    assert case["unseen"] and case["unseen_repo"] and not case["cross"]   # the file defines it, out of sight
+    wide = _case(tmp_path, far, "return far_away_helper(y)")
+    mark_cross([wide], tmp_path, window=(len(far), 300))
+    assert not wide["unseen"]
