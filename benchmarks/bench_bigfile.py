@@ -29,7 +29,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from indexer.build import build_datastore
 from indexer.discover import Filters
-from indexer.shard import width_for_vocab
+from indexer.layout import width_for_vocab
 from indexer.tokenizer import encode_batch, fingerprint, load_tokenizer
 
 def status_kb(key):

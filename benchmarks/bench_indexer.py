@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from indexer import discover as disc  # noqa: E402
 from indexer.build import corpus_filters, corpus_roots  # noqa: E402
-from indexer.shard import join_documents, suffix_array, width_for_vocab, write_shard  # noqa: E402
+from indexer.layout import width_for_vocab  # noqa: E402
+from indexer.sorting import join_documents, suffix_array, write_shard  # noqa: E402
 from indexer.store import Datastore  # noqa: E402
 from indexer.tokenizer import encode_batch, fingerprint, load_tokenizer  # noqa: E402
 

@@ -1,23 +1,28 @@
 """A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
 
     .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12]
-        [--methods rest,plain[,ceiling][,rest-noask][,llama.cpp [--llama-server PATH] [--llama-model GGUF]]]
-        [--no-cancel] [--no-cursor] [--client project|plain] [--set KEY=VALUE ...] [--json OUT]
+        [--methods rest,plain[,patient][,rest-noask][,llama.cpp [--llama-server PATH] [--llama-model GGUF]]]
+        [--rhythm human|fast|old] [--no-cancel] [--no-cursor] [--client project|plain] [--set KEY=VALUE ...]
+        [--json OUT]
 
 An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
 a real project from PyPI that no corpus holds (benchmarks/realcode.py): function bodies of some of its files
 are removed, the project is the workspace (indexed by the daemon), and the file with the bodies removed is
-open. The client types each body character by character with a seeded human rhythm: 60-140 ms per key,
-300-700 ms after a newline and after one space or bracket in four. After a newline the editor indents the new
-line (auto-indent), so indentation is not typed. It asks for an inline completion once 150 ms pass without a
+open. The client types each body character by character with a seeded rhythm (benchmarks/typist.py, its
+sources and assumptions): by default (`--rhythm human`) an average typist, intervals drawn from a lognormal of
+mean 240 ms, longer after a word, a bracket and at a line's end, who reads a suggestion before taking it and
+presses Tab (or accept-word per word) to take it; `--rhythm fast` the same at 120 ms per key; `--rhythm old`
+the rhythm of the tables before 2026-12-02 (60-140 ms per key, 300-700 ms after a newline and after one space
+or bracket in four, taking a suggestion free). After a newline the editor indents the new line (auto-indent),
+so indentation is not typed. It asks for an inline completion once 150 ms pass without a
 key (Automatic trigger) and, VS Code style, cancels the request in flight at the next key (`--no-cancel`:
 Neovim style). Like this project's editor clients it also says where the cursor rests after 250 ms
 (`rest/cursor`; `--no-cursor` to leave it out), and it asks again when the server says that a request it answered
 empty for want of time has its suggestion (`rest/suggestionReady`; method `rest-noask`: REST with a client that
 does not). A suggestion that arrives while what was typed since the
 request is still its prefix is shown; the simulated person then accepts the part equal to what they were about
-to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key,
-and types on after it.
+to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key
+(human, fast: when it spares more keys than the accept keys it costs, after reading it), and types on after it.
 
 Every method has its own server, started one after another; then each body is typed by every method in turn
 (the order reversed from one body to the next), each server left to finish what it still computes before the
@@ -27,11 +32,13 @@ one run can differ from the next by a fifth).
 Reported per method (REST, and plain decoding: `draftBudget: 0`, in the same run, one server each, the same
 rhythm): pauses (requests), pauses with a suggestion shown before the next key, latency of shown suggestions
 p50/p95, characters typed vs accepted (and body by body, REST against plain), server CPU seconds per typed
-character, model runs (started by keys, by requests, ahead), and the daemon's own figures. `--methods
-rest,plain,ceiling` adds a person who waits at each pause for the whole suggestion (the first line, or the
-block; `predictBudgetMs: 0`): every exact method shows the model's same greedy text, so what that person
-accepts is about the most any of them can save, and ceiling / plain is the headroom left for a faster method
-in this rhythm. `llama.cpp` is the peer people use today: llama.cpp's llama-server
+character, accept keys and keys saved, model runs (started by keys, by requests, ahead), and the daemon's own
+figures. `--methods rest,plain,patient` adds a person who waits at each pause for the whole suggestion (the
+first line, or the block; `predictBudgetMs: 0`). It is not a bound on what a faster method can accept (it was
+named `ceiling` until REST out-accepted it): `timeBudgetMs` and `promptBudgetMs` still cut its answers, the
+prompt at a pause depends on the editing history, the runs drift apart after their first different accept,
+and the word-boundary rule lets a shorter suggestion take more than a longer one that goes wrong inside a
+word. `llama.cpp` is the peer people use today: llama.cpp's llama-server
 (`benchmarks/llama_server.sh` builds it) with the embedded model's own GGUF, driven as llama.vim drives it
 (benchmarks/llama_peer.py: a request per key, its cache, typed-through hints and speculative requests), typed
 by the same person in the same rhythm. A method name may carry a precision, `rest@int8w,rest@fp32`: the same
@@ -56,7 +63,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -68,19 +75,21 @@ from llama_peer import N_PREFIX, N_SUFFIX, InfillEditor, LlamaServer  # noqa: E4
 from lsp_client import Server  # noqa: E402
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402
 from report import pct, write_json  # noqa: E402
+from typist import DEFAULT, RHYTHMS, Typist, accept_keys, accept_s, interval, worth_taking  # noqa: E402
 
 from rest_lsp.assets import gguf_path  # noqa: E402
-from rest_lsp.storage import cache_root  # noqa: E402
+from restbase.storage import cache_root  # noqa: E402
 
 DEBOUNCE_S = 0.150
 CURSOR_REST_S = 0.250
 PATIENCE_S = 10.0
 START_S = 1.0
-# A person who waits at every pause for the whole suggestion (the first line, or the block): what the model's
-# greedy text would save with no time limit. Every exact method shows that same text, so no method accepts much
-# more than this in the same rhythm (a shorter suggestion can end where a longer one is cut back to a word
-# start): it is the headroom left above plain decoding.
-CEILING = {"draftBudget": None, "predictBudgetMs": 0}
+# A person who waits at every pause for the whole suggestion (the first line, or the block). Not a bound on
+# what any method can accept (it was called `ceiling` until REST out-accepted it, 508 vs 505): timeBudgetMs and
+# promptBudgetMs still cut its answers, the prompt at a pause depends on the editing history, runs drift apart
+# after the first different accept, and the word-boundary rule lets a shorter suggestion take more than a longer
+# one that goes wrong inside a word.
+PATIENT = {"draftBudget": None, "predictBudgetMs": 0}
 PEER = "llama.cpp"  # llama-server driven as llama.vim drives it (benchmarks/llama_peer.py)
 WORD = re.compile(r"\w")
 _ids = itertools.count()
@@ -140,14 +149,6 @@ def prepare(root: Path, n_files: int, limit: int, seed: int, work: Path) -> tupl
         bodies_out = [Body(target, first, indent, body_text) for first, indent, body_text in reversed(todo)]
         out.append((target, opened, bodies_out))
     return ws, out
-
-
-def gap_after(ch: str, rng: random.Random) -> float:
-    if ch == "\n":
-        return rng.uniform(0.3, 0.7)
-    if ch in " ([{,:=" and rng.random() < 0.25:
-        return rng.uniform(0.3, 0.7)
-    return rng.uniform(0.06, 0.14)
 
 
 def acceptable(suggestion: str, coming: str) -> str:
@@ -238,7 +239,7 @@ CLIENTS = {"project": Editor, "plain": PlainEditor}
 
 
 async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cursor_msgs: bool, tally: dict,
-                    trace: list | None = None, patient: bool = False) -> None:
+                    trace: list | None = None, patient: bool = False, person: Typist = RHYTHMS[DEFAULT]) -> None:
     line, col = body.line, body.indent
     ours = getattr(ed, "rest_notifications", True)   # llama_peer's InfillEditor: the pause, and its own hints
     asks_again = getattr(ed, "asks_again", True)
@@ -247,12 +248,13 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         await asyncio.sleep(START_S)
     cursor_msgs = cursor_msgs and ours
     i, text = 0, body.text
-    take = ""  # a suggestion part the person accepts as their next action
+    take, take_keys = "", 0  # a suggestion part the person accepts as their next action, and its accept keys
     while i < len(text):
-        if take:  # Tab (or a word-accept) instead of the next key
+        if take:  # Tab (or word-accepts) instead of the next key
             line, col = ed.insert(line, col, take)
             tally["accepted"] += sum(body.typed_mask[i:i + len(take)])
             tally["accepts"] += 1
+            tally["accept_keys"] += take_keys
             i += len(take)
             prev = take[-1]
         else:  # one key: the character, or after a newline the editor's indentation of the next line too
@@ -266,13 +268,14 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
             tally["typed"] += 1
             i += len(ins)
             prev = ins[0]
-        take = ""
+        take, take_keys = "", 0
         if i >= len(text):
             break
-        gap = gap_after(prev, rng)
+        gap = interval(person, prev, rng)
         t_key = time.perf_counter()
         version = ed.version
         shown: dict = {}
+        appeared = asyncio.Event()
         sent: list = []
 
         async def suggestion(at_line, at_col, sent) -> str | None:
@@ -303,7 +306,8 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
             if ed.version != version:
                 tally["late"] += 1
             elif answer:
-                shown.update(text=answer, latency=ms)
+                shown.update(text=answer, latency=ms, at=time.perf_counter())
+                appeared.set()
             if trace is not None:
                 trace.append({"at": ed.lines[at_line][:at_col][-40:], "coming": text[at:at + 40],
                               "answer": answer, "ms": round(ms),
@@ -316,13 +320,28 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
         tasks = [asyncio.ensure_future(ask())] if gap > DEBOUNCE_S else []
         if cursor_msgs and gap > CURSOR_REST_S:
             tasks.append(asyncio.ensure_future(rest_cursor()))
-        await asyncio.sleep(max(0.0, gap - (time.perf_counter() - t_key)))
-        if patient and tasks:  # the pause lasts until the answer is there
+        remaining = max(0.0, gap - (time.perf_counter() - t_key))
+        if person.legacy or not tasks:  # the old person looked only when their next key was due
+            await asyncio.sleep(remaining)
+        else:  # a suggestion appearing before the next key stops the person, who reads it
+            try:
+                await asyncio.wait_for(appeared.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        if patient and tasks and not shown:  # the pause lasts until the answer is there
             await asyncio.wait(tasks[:1], timeout=PATIENCE_S)
         if shown:
             tally["shown"] += 1
             tally["shown_latency"].append(shown["latency"])
-            take = acceptable(shown["text"], text[i:])
+            part = acceptable(shown["text"], text[i:])
+            keys = accept_keys(part, shown["text"])
+            if worth_taking(person, part, sum(body.typed_mask[i:i + len(part)]), keys):
+                take, take_keys = part, keys
+                # reading the part and pressing its accept keys, counted from when it appeared
+                await asyncio.sleep(max(0.0, shown["at"] + accept_s(person, part, shown["text"], rng)
+                                        - time.perf_counter()))
+            else:  # not worth a key: the person types on when their key was due
+                await asyncio.sleep(max(0.0, gap - (time.perf_counter() - t_key)))
         for t in tasks:
             if not t.done():
                 t.cancel()
@@ -330,6 +349,11 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
             ed.cancel(sent[-1][0])  # $/cancelRequest: the reply (RequestCancelled) is ignored
         await asyncio.sleep(0)
     tally["typeable"] += sum(body.typed_mask)
+
+
+def new_tally() -> dict:
+    return {"typed": 0, "accepted": 0, "accepts": 0, "accept_keys": 0, "typeable": 0, "pauses": 0, "shown": 0,
+            "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
 
 
 @dataclass
@@ -344,9 +368,8 @@ class MethodRun:
     patient: bool
     ready_s: float
     cpu0: float
-    tally: dict = field(default_factory=lambda: {
-        "typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0, "shown_latency": [],
-        "late": 0, "empty": 0, "asked_again": 0})
+    person: Typist = RHYTHMS[DEFAULT]
+    tally: dict = field(default_factory=lambda: new_tally())
     trace: list | None = None
     editor: Editor | InfillEditor | None = None
     typing_s: float = 0.0
@@ -369,7 +392,7 @@ async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, 
           file=sys.stderr)
     await wait_quiet(server)
     return MethodRun(name, {**options, "client": client}, server, editor, random.Random(args.seed), patient, ready_s,
-                     server.cpu_seconds(), trace=[] if args.trace else None)
+                     server.cpu_seconds(), RHYTHMS[args.rhythm], trace=[] if args.trace else None)
 
 
 async def start_peer(name: str, args, log_dir: Path) -> MethodRun:
@@ -388,7 +411,7 @@ async def start_peer(name: str, args, log_dir: Path) -> MethodRun:
     await wait_quiet(server)
     editor = functools.partial(InfillEditor, n_prefix=args.llama_lines[0], n_suffix=args.llama_lines[1])
     return MethodRun(name, {"server": str(binary), "model": str(model), "lines": args.llama_lines}, server, editor,
-                     random.Random(args.seed), False, ready_s, server.cpu_seconds(),
+                     random.Random(args.seed), False, ready_s, server.cpu_seconds(), RHYTHMS[args.rhythm],
                      trace=[] if args.trace else None)
 
 
@@ -399,7 +422,7 @@ async def type_next(run: MethodRun, path: Path, opened: str, body: Body, args) -
     before = {k: run.tally[k] for k in ("typed", "accepted", "pauses", "shown")}
     t0 = time.perf_counter()
     await type_body(run.editor, body, run.rng, not args.no_cancel, not args.no_cursor, run.tally, run.trace,
-                    run.patient)
+                    run.patient, run.person)
     run.typing_s += time.perf_counter() - t0
     run.per_body.append({k: run.tally[k] - v for k, v in before.items()})
     t = run.tally
@@ -437,9 +460,10 @@ async def finish_method(run: MethodRun) -> dict:
         "shown_latency_ms_p50": pct(lat, 50), "shown_latency_ms_p95": pct(lat, 95),
         "shown_latency_ms_mean": round(statistics.mean(lat), 1) if lat else None,
         "keys_typed": tally["typed"], "chars_accepted": tally["accepted"], "accepts": tally["accepts"],
-        "chars_total": tally["typeable"],
+        "accept_keys": tally["accept_keys"], "chars_total": tally["typeable"],
         "accepted_share": round(tally["accepted"] / tally["typeable"], 3) if tally["typeable"] else None,
-        "keys_saved_share": round(1 - tally["typed"] / chars, 3) if chars else None,
+        # an accept is a key too (Tab, or accept-word once per word)
+        "keys_saved_share": round(1 - (tally["typed"] + tally["accept_keys"]) / chars, 3) if chars else None,
         "cpu_s": round(cpu, 1), "cpu_s_per_typed_char": round(cpu / max(1, tally["typed"]), 3),
         "server": st["totals"] if isinstance(run.server, LlamaServer) else {k: st["totals"].get(k) for k in (
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
@@ -524,19 +548,25 @@ def parse_value(v: str):
 
 
 def method_options(name: str, extra: dict) -> tuple[str, dict]:
-    """A method's name without its precision, and its server settings: `rest@int8w` is REST with
-    `precision: int8w`; `extra` (--set) applies to every method."""
-    base, _, precision = name.partition("@")
+    """A method's name without its model and precision, and its server settings: `rest@int8w` is REST with
+    `precision: int8w`, `rest+qwen2.5-coder-1.5b@bf16` REST with that model (the `model` setting) in bf16;
+    `extra` (--set) applies to every method."""
+    name, _, precision = name.partition("@")
+    base, _, model = name.partition("+")
     # -cf: with other files of the repository before the current one (crossFile, opt-in), -cfdefs: with the
     # definitions selector alone; -nocf: without (the default)
-    methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "ceiling": CEILING,
+    if base == "ceiling":
+        raise SystemExit("`ceiling` is now `patient`: a person who waits for each whole suggestion, not a bound on "
+                         "what any method can accept (REST out-accepted it once)")
+    methods = {"rest": {"draftBudget": None}, "plain": {"draftBudget": 0}, "patient": PATIENT,
                "rest-noask": {"draftBudget": None}, "rest-nocf": {"draftBudget": None, "crossFile": False},
                "plain-nocf": {"draftBudget": 0, "crossFile": False},
                "rest-cf": {"draftBudget": None, "crossFile": True},
                "rest-cfdefs": {"draftBudget": None, "crossFile": True, "crossFileSelectors": ["definitions"]}}
     if base not in methods:
         raise SystemExit(f"unknown method {name!r}: one of {', '.join(methods)}, {PEER} (a precision after @)")
-    return base, {**methods[base], **extra, **({"precision": precision} if precision else {})}
+    return base, {**methods[base], **extra, **({"precision": precision} if precision else {}),
+                  **({"model": model} if model else {})}
 
 
 def method_client(name: str, default: str = "project") -> tuple[str, str]:
@@ -560,7 +590,7 @@ async def main_async(args) -> dict:
         extra = {k: parse_value(v) for k, v in extra.items()}
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
-                  "methods": {}}
+                  "rhythm": asdict(RHYTHMS[args.rhythm]), "methods": {}}
         names = args.methods.split(",")
         runs = {}
         for name in names:  # one after another: a server loads and indexes while the others are idle
@@ -569,7 +599,7 @@ async def main_async(args) -> dict:
                 runs[name] = await start_peer(name, args, work / "logs")
                 continue
             base, options = method_options(spec, extra)
-            runs[name] = await start_method(name, options, ws, args, work / "logs", patient=base == "ceiling",
+            runs[name] = await start_method(name, options, ws, args, work / "logs", patient=base == "patient",
                                             asks_again=base != "rest-noask", client=client)
         bodies = [(path, opened, b) for path, opened, bs in files for b in bs][:args.limit]
         for k, name in interleaved(bodies, names):
@@ -613,7 +643,10 @@ def table(report: dict) -> str:
     head = (f"{'method':<12} {'pauses':>6} {'shown':>6} {'shown %':>7} {'empty':>5} {'again':>5} {'p50 ms':>7} "
             f"{'p95 ms':>7} {'typed':>6} "
             f"{'accepted':>8} {'accepted %':>10} {'CPU s/char':>10} {'predictions key/req/ahead':>25}")
-    out = [head, "-" * len(head)]
+    rh = report.get("rhythm") or {}
+    out = [f"rhythm: {rh.get('name', '?')}" + ("" if rh.get("legacy", True) else
+           f" (key mean {1000 * rh['key_mean_s']:.0f} ms, line pause mean {1000 * rh['line_mean_s']:.0f} ms, "
+           f"reading {1000 * rh['read_s_per_word']:.0f} ms per word, accepts cost keys)"), head, "-" * len(head)]
     for m, r in report["methods"].items():
         out.append(f"{m:<12} {r['pauses']:>6} {r['shown']:>6} {100 * (r['shown_rate'] or 0):>6.1f}% "
                    f"{r['answered_empty']:>5} {r['asked_again']:>5} "
@@ -621,6 +654,10 @@ def table(report: dict) -> str:
                    f"{r['chars_accepted']:>8} {100 * (r['accepted_share'] or 0):>9.1f}% {r['cpu_s_per_typed_char']:>10.3f} "
                    f"{predictions(r['server']):>25}")
     for m, r in report["methods"].items():  # the decoding itself: what a step verified, cost and gave
+        if r.get("accept_keys") is not None:
+            out.append(f"{m}: {r['accepts']} accepts for {r['accept_keys']} accept keys; keys saved "
+                       f"{100 * (r.get('keys_saved_share') or 0):.1f}% (typed and accept keys against characters "
+                       f"entered), {r.get('typing_s')} s typing")
         sv = r["server"]
         if sv.get("steps"):
             out.append(f"{m}: {sv['tokens']} tokens in {sv['steps']} steps (M {sv['tokens'] / sv['steps']:.2f}), "
@@ -640,11 +677,11 @@ def table(report: dict) -> str:
         out.append(f"characters accepted, REST / plain: {m['rest']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x")
     ref = next(iter(m), None)  # the first method against each other one, body by body
     for other in list(m)[1:]:
-        if other != "ceiling":
-            out.append(paired(m[ref]["per_body"], m[other]["per_body"], other, "REST" if ref == "rest" else ref))
-    if "ceiling" in m and "plain" in m and m["plain"]["chars_accepted"]:
-        out.append(f"characters accepted, ceiling / plain: {m['ceiling']['chars_accepted'] / m['plain']['chars_accepted']:.2f}x "
-                   "(about the most any exact method can accept)")
+        out.append(paired(m[ref]["per_body"], m[other]["per_body"], other, "REST" if ref == "rest" else ref))
+    if "patient" in m and "plain" in m and m["plain"]["chars_accepted"]:
+        ratio = m["patient"]["chars_accepted"] / m["plain"]["chars_accepted"]
+        out.append(f"characters accepted, patient / plain: {ratio:.2f}x "
+                   "(a person who waits for each whole suggestion; not a bound on other methods)")
     inv = report.get("invoked")
     if inv:
         w, o = inv["while_loading"], inv["opened_and_rested"]
@@ -660,8 +697,8 @@ def main(argv=None) -> int:
     p.add_argument("--project", default=DEFAULT_PROJECT)
     p.add_argument("--files", type=int, default=2, help="files whose bodies are typed")
     p.add_argument("--limit", type=int, default=12, help="function bodies typed per method")
-    p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), ceiling (a person who "
-                   "waits for each whole suggestion: about the most any exact method can save), rest-noask (REST "
+    p.add_argument("--methods", default="rest,plain", help="rest, plain (draftBudget 0), patient (REST with a person "
+                   "who waits for each whole suggestion, predictBudgetMs 0; not a bound), rest-noask (REST "
                    "with a client that does not ask again on rest/suggestionReady), llama.cpp (llama-server with a "
                    "llama.vim-style client: benchmarks/llama_peer.py)")
     p.add_argument("--llama-server", default=None, help="the llama-server binary for the llama.cpp method (default: "
@@ -672,6 +709,10 @@ def main(argv=None) -> int:
                    type=lambda v: tuple(int(x) for x in v.split(",")),
                    help=f"lines above,below the cursor the llama.vim client sends (its defaults: {N_PREFIX},{N_SUFFIX})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rhythm", choices=sorted(RHYTHMS), default=DEFAULT,
+                   help="the person: human (an average typist, lognormal intervals, pauses at words, brackets and "
+                   "line ends, reading and keys to accept; benchmarks/typist.py), fast (the same at 120 ms per key), "
+                   "old (60-140 ms per key, accepting free: every typing table before 2026-12-02)")
     p.add_argument("--no-cancel", action="store_true", help="Neovim style: never cancel a request in flight")
     p.add_argument("--no-cursor", action="store_true", help="send no rest/cursor notifications")
     p.add_argument("--client", choices=sorted(CLIENTS), default="project",

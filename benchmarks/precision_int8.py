@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if model is not loaded.model:
             del model
     if args.json:
-        from rest_lsp.storage import write_bytes_atomic
+        from restbase.storage import write_bytes_atomic
         write_bytes_atomic(args.json, json.dumps(report, indent=1).encode())
     return 0
 

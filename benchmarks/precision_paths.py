@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": " ".join(sys.argv), "threads": args.threads, "torch": torch.__version__,
               "ms_per_forward": measure(config, [int(r) for r in args.rows.split(",")], args.repeat)}
     if args.json:
-        from rest_lsp.storage import write_bytes_atomic
+        from restbase.storage import write_bytes_atomic
         write_bytes_atomic(args.json, json.dumps(report, indent=1).encode())
     return 0
 

@@ -22,7 +22,7 @@ DEFAULT_PROJECT = "boltons==26.2.0"
 
 
 def cache_dir() -> Path:
-    from rest_lsp.storage import cache_root
+    from restbase.storage import cache_root
 
     return cache_root() / "bench-data"
 
@@ -33,7 +33,7 @@ def fetch_project(spec: str = DEFAULT_PROJECT, cache: Path | None = None) -> Pat
     dest = cache / spec.replace("==", "-").replace("/", "_")
     if (dest / ".complete").is_file():
         return _source_root(dest)
-    from rest_lsp.storage import atomic_dir
+    from restbase.storage import atomic_dir
 
     with atomic_dir(dest) as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from rest_lsp.storage import write_bytes_atomic
+from restbase.storage import write_bytes_atomic
 
 
 def pct(xs: Sequence[float], p: float) -> float | None:

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "editors"))
 
 from editor_harness import SERVER  # noqa: E402
-from rest_lsp.storage import cache_root  # noqa: E402
+from restbase.storage import cache_root  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import pct  # noqa: E402
 from vscode_harness import GHOST_JS, CodeServer, Workbench, find_tools, package_extension, wait_until  # noqa: E402

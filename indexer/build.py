@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 
 from . import discover as disc
+from .layout import sentinel_for_width, width_for_vocab
 from .manifest import (SHARD_DIR, Doc, pack_docs, read_manifest, remove_unreferenced, write_manifest,
                        writer_lock)
-from .shard import join_documents, release_freed_memory, sentinel_for_width, width_for_vocab, write_shard
+from .sorting import join_documents, release_freed_memory, write_shard
 from .ingest import read_document
 from .types import IndexerError
 

@@ -1,4 +1,4 @@
-"""The msgpack manifest and the writer lock of a datastore directory (files written through rest_lsp.storage)."""
+"""The msgpack manifest and the writer lock of a datastore directory (files written through restbase.storage)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgpack
 
-from rest_lsp.storage import file_lock, write_bytes_atomic
+from restbase.storage import file_lock, write_bytes_atomic
 
 from .types import CorruptManifest, DatastoreNotFound
 
@@ -44,6 +44,11 @@ def racy_documents(docs: dict[str, Doc], scanned_ns: int | None) -> set[str]:
     if scanned_ns is None:
         return set(docs)
     return {p for p, d in docs.items() if d.mtime_ns >= scanned_ns - RACY_NS}
+
+
+def kind_of(meta: dict) -> str:
+    """A shard's kind as its manifest entry says it (one written without a kind is a repository shard)."""
+    return meta.get("kind", "repository")
 
 
 def pack_docs(docs: dict[str, Doc]) -> dict:

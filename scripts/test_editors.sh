@@ -62,8 +62,8 @@ fi
 node24_version=24.22.3
 code_server_version=4.139.1
 playwright_version=1.65.2
-# the cache root as rest_lsp/storage.py computes it (the one place), where the project is installed
-cache_root="$(.venv/bin/python -c 'from rest_lsp.storage import cache_root; print(cache_root())' 2>/dev/null \
+# the cache root as restbase/storage.py computes it (the one place), where the project is installed
+cache_root="$(.venv/bin/python -c 'from restbase.storage import cache_root; print(cache_root())' 2>/dev/null \
   || echo "${REST_LSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rest-lsp}")"
 editors_cache="$cache_root/editors"
 if [ -z "${SKIP_VSCODE_REAL:-}" ]; then

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-# The compiled loops' disk cache (rest_lsp/jit.py) goes into the environment now, before any test gives a daemon
+# The compiled loops' disk cache (restbase/jit.py) goes into the environment now, before any test gives a daemon
 # a cache root of its own: every process of the session then shares one cache and compiles nothing twice.
-import rest_lsp.jit  # noqa: E402,F401
+import restbase.jit  # noqa: E402,F401
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""The compiled loops' disk cache (rest_lsp/jit.py): one directory per state of the sources, old ones pruned."""
+"""The compiled loops' disk cache (restbase/jit.py): one directory per state of the sources, old ones pruned."""
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
 
-from rest_lsp import jit
+from restbase import jit
 
 
 def _tree(root: Path) -> None:

@@ -1,5 +1,6 @@
 """The package's shape, checked from the source (ast, nothing imported): no import cycles among the modules
-of rest_lsp and indexer, and no module reaching into another module's underscore names."""
+of restbase, indexer and rest_lsp, the ground floor (restbase, indexer) never importing rest_lsp, and no module
+reaching into another module's underscore names."""
 from __future__ import annotations
 
 import ast
@@ -7,7 +8,7 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rest_lsp", "indexer")
+PACKAGES = ("restbase", "indexer", "rest_lsp")
 # code outside the packages that uses them (the tests may poke at internals; these may not)
 USERS = ("benchmarks", "scripts")
 
@@ -113,17 +114,18 @@ def test_no_import_cycles():
 
 
 # What each area may import of the project (docs/ARCHITECTURE.md, "Modules"). An area is a subpackage of
-# rest_lsp, indexer, or a top-level module of rest_lsp.
-_BASE = {"rest_lsp.filenames", "rest_lsp.storage", "rest_lsp.jit"}
+# rest_lsp, indexer, or a top-level module of rest_lsp or restbase.
+_BASE = {"rest_lsp.filenames", "restbase.storage", "restbase.jit"}
 ALLOWED = {
+    "restbase": set(),
+    "restbase.storage": set(),
+    "restbase.jit": {"restbase.storage"},
     "rest_lsp": set(),
-    "rest_lsp.storage": set(),
     "rest_lsp.filenames": set(),
     "rest_lsp.transport": set(),
     "rest_lsp.documents": set(),
-    "rest_lsp.assets": {"rest_lsp.storage"},
-    "rest_lsp.jit": {"rest_lsp.storage"},
-    "indexer": {"rest_lsp.storage", "rest_lsp.assets", "rest_lsp.jit"},          # torch-free: never the model or engine
+    "rest_lsp.assets": {"restbase.storage"},
+    "indexer": {"restbase.storage", "restbase.jit", "rest_lsp.assets"},  # torch-free: never the model or engine
     "rest_lsp.engine": _BASE,                                     # calls the model through its Verifier
     "rest_lsp.model": _BASE | {"rest_lsp.assets", "rest_lsp.engine", "indexer"},
     "rest_lsp.service": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},
@@ -146,6 +148,41 @@ def test_areas_import_only_what_they_may():
     bad = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
                  if area(t) != area(m) and area(t) not in ALLOWED[area(m)])
     assert not bad, "imports across areas that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(bad)
+
+
+# The ground floor: restbase and indexer stand below rest_lsp and never import it, so that the indexer can be
+# used, tested and reasoned about without the daemon. One arrow still points up: the indexer's tokenizer loads
+# the embedded model's tokenizer through rest_lsp.assets (lazily), until assets moves down into restbase.
+GROUND = ("restbase", "indexer")
+UPWARD_ALLOWED = {("indexer.tokenizer", "rest_lsp.assets")}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a ground-floor module into rest_lsp, but the known arrows."""
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() if m.split(".")[0] in GROUND
+                  for t in ts if t.split(".")[0] == "rest_lsp" and (m, t) not in UPWARD_ALLOWED)
+
+
+def test_the_ground_floor_never_imports_rest_lsp():
+    graph = import_graph(package_modules())
+    assert "restbase.jit" in graph and "indexer.shard" in graph  # the walk found the ground floor
+    bad = upward_imports(graph)
+    assert not bad, "restbase and indexer must not import rest_lsp:\n" + "\n".join(bad)
+
+
+def test_upward_import_check_can_fail(tmp_path):
+    """A function-level import of rest_lsp planted in a copy of the ground floor is found; the known arrow
+    is not reported."""
+    for pkg in ("restbase", "indexer", "rest_lsp"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "rest_lsp" / "assets.py").write_text("")
+    (tmp_path / "rest_lsp" / "engine.py").write_text("")
+    (tmp_path / "restbase" / "jit.py").write_text("def f():\n    from rest_lsp import engine\n")
+    (tmp_path / "indexer" / "tokenizer.py").write_text("def g():\n    from rest_lsp import assets\n")
+    (tmp_path / "indexer" / "store.py").write_text("import rest_lsp.engine\n")
+    graph = import_graph(package_modules(tmp_path))
+    assert upward_imports(graph) == ["indexer.store -> rest_lsp.engine", "restbase.jit -> rest_lsp.engine"]
 
 
 def test_cycle_finder_finds_a_cycle(tmp_path):

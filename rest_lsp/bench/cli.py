@@ -12,7 +12,7 @@ from indexer.types import IndexerError
 from rest_lsp.engine.history import HistoryError, HistoryFile, history_model_key, load_history, save_history
 from rest_lsp.model import PRECISIONS
 from rest_lsp.model.verifiers import KINDS as VERIFIER_KINDS
-from rest_lsp.storage import write_bytes_atomic
+from restbase.storage import write_bytes_atomic
 
 from .methods import METHODS
 
@@ -100,8 +100,8 @@ def _history(path: str | None, lm):
 # ---------------------------------------------------------------------------------------- bench
 def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rest-lsp bench",
-                                description="ar, pld, rest-paper, rest (and rest-history) on the same model, one JSON "
-                                            "report")
+                                description="ar, pld, pld-hf, rest-paper, rest (and rest-history) on the same "
+                                            "model, one JSON report")
     _data_args(p)
     p.add_argument("--methods", default=None,
                    help=f"comma-separated, from {','.join(METHODS)} (default: all; rest-paper only with --datastore, "
@@ -110,8 +110,8 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-budget", type=int, default=None,
                    help="rest: draft nodes per step (default: calibrated per step from c(q))")
     p.add_argument("--verifier", default="auto", choices=list(VERIFIER_KINDS),
-                   help="the verifier ar, rest-paper and rest share (default auto: the fast one where it supports "
-                        "the model, else eager, as the daemon); pld always runs transformers' generate")
+                   help="the verifier ar, pld, rest-paper and rest share (default auto: the fast one where it supports "
+                        "the model, else eager, as the daemon); pld-hf always runs transformers' generate")
     p.add_argument("--history", default=None,
                    help="rest-history: start with this saved history of the model's earlier output (--save-history "
                         "of an earlier run, or the daemon's), as a daemon that ran before does")
@@ -200,7 +200,7 @@ def replay_parser() -> argparse.ArgumentParser:
                         "calibration is stored when there is one)")
     p.add_argument("--policy", action="append", default=None,
                    help="draft policy, repeatable: a preset (rest, paper, pld) or source=share,... "
-                        "(sources: context, history, repository, corpus, recycle, paper); default: rest")
+                        "(sources: context, history, repository, corpus, recycle, paper, lookup); default: rest")
     p.add_argument("--history", default=None,
                    help="start the history source with this saved history (rest-lsp bench --save-history)")
     p.add_argument("--budgets", default="4,8,16,64,auto", help="draft nodes per step, comma-separated; auto = "
@@ -217,7 +217,7 @@ def replay_parser() -> argparse.ArgumentParser:
 
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
-    from rest_lsp.storage import cache_root
+    from restbase.storage import cache_root
 
     from rest_lsp.engine.policy import PolicyError, parse_policy
 

@@ -90,8 +90,8 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
               corpus=None, repository=None, rest_policy: str = "rest",
               rest_budget: int | None = None, histories: dict | None = None, verifier: str = "auto",
               warmup: bool = True, log: Callable[[str], None] | None = None) -> dict:
-    """verifier: the kind (rest_lsp.model.verifiers) that ar, rest-paper and rest share; pld always runs
-    transformers' generate. histories: method name -> its HistorySource (see `make_method`)."""
+    """verifier: the kind (rest_lsp.model.verifiers) that ar, pld, rest-paper and rest share; pld-hf always
+    runs transformers' generate. histories: method name -> its HistorySource (see `make_method`)."""
     from rest_lsp.model.verifiers import make_verifier_or_eager
 
     log = log or (lambda s: None)

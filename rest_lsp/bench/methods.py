@@ -2,8 +2,11 @@
 
     ar          plain greedy: the engine's own loop with no draft sources (one token per forward, through
                 the same verifier as the speculative methods, so the comparison measures drafting alone)
-    pld         transformers' prompt-lookup decoding: `generate(prompt_lookup_num_tokens=10)`, greedy; always
-                transformers' own forward (generate cannot drive a `Verifier`), whatever --verifier says
+    pld         prompt lookup decoding on the engine: the policy `pld` (rest_lsp.engine.policy: the latest
+                match of the context's last 3..1 tokens, the next 10 tokens as one chain), verified whole
+                through the same verifier and loop as ar and rest, so pld against rest compares the drafts alone
+    pld-hf      transformers' own prompt lookup: `generate(prompt_lookup_num_tokens=10)`, greedy; always
+                transformers' eager forward (generate cannot drive a `Verifier`), whatever --verifier says
     rest-paper  REST as published: corpus datastore only, n_max 16, first k=5000 matches in suffix-array
                 order, a 64-node trie by raw counts
     rest        the daemon's own policy (rest_lsp.engine.policy: context, history, repository, corpus, recycle)
@@ -19,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-METHODS = ("ar", "pld", "rest-paper", "rest", "rest-history")
+METHODS = ("ar", "pld", "pld-hf", "rest-paper", "rest", "rest-history")
 
 
 @dataclass
@@ -54,7 +57,7 @@ class SharedVerifier:
 
 
 class EngineMethod:
-    """ar / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
+    """ar / pld / rest-paper / rest: the REST engine with a draft policy (None: no sources, plain decoding)."""
 
     def __init__(self, loaded, policy: str | None, *, corpus=None, repository=None, history=None,
                  draft_budget: int | None = None, draft_len: int = 10, shared: SharedVerifier | None = None):
@@ -115,15 +118,16 @@ class _StepClock:
         pass
 
 
-class PldMethod:
-    """transformers prompt-lookup decoding (greedy), the same model object as the other methods."""
+class HfPldMethod:
+    """pld-hf: transformers' own prompt-lookup decoding (greedy) on its eager forward, the same model object
+    as the other methods."""
 
     def __init__(self, loaded, num_tokens: int = 10):
         self.loaded = loaded
         self.num_tokens = num_tokens
 
     def describe(self) -> dict:
-        return {"loop": "transformers generate", "verifier": "transformers",
+        return {"loop": "transformers generate", "verifier": "transformers", "forward": "eager",
                 "prompt_lookup_num_tokens": self.num_tokens}
 
     @torch.inference_mode()
@@ -155,12 +159,14 @@ def make_method(name: str, loaded, *, corpus=None, repository=None, rest_policy:
                 rest_budget: int | None = None, history=None, shared: SharedVerifier | None = None):
     """shared: the verifier of the engine methods (None: an eager one of their own); history: the
     HistorySource of rest / rest-history (the caller warms it or saves it; rest-history needs one)."""
-    from rest_lsp.engine.policy import PolicyError
+    from rest_lsp.engine.policy import PLD_TOKENS, PolicyError
 
     if name == "ar":
         return EngineMethod(loaded, None, shared=shared)
-    if name == "pld":
-        return PldMethod(loaded)
+    if name == "pld":  # a fixed budget: PLD proposes its whole chain every step, as transformers' does
+        return EngineMethod(loaded, "pld", draft_budget=PLD_TOKENS, draft_len=PLD_TOKENS, shared=shared)
+    if name == "pld-hf":
+        return HfPldMethod(loaded, PLD_TOKENS)
     if name == "rest-paper":
         if corpus is None:
             raise PolicyError("method rest-paper needs a corpus datastore (--datastore DIR)")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.storage import atomic_file
+from restbase.storage import atomic_file
 
 if TYPE_CHECKING:
     from rest_lsp.engine.drafter import Drafter

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 from .trie import TokenTrie, path_product_arrays
 

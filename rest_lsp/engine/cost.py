@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.jit import njit
-from rest_lsp.storage import cache_root, write_bytes_atomic
+from restbase.jit import njit
+from restbase.storage import cache_root, write_bytes_atomic
 
 from .verifier import Verifier, chain_mask
 

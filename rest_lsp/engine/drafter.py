@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 from .acceptance import DEFAULT_LR, EPS, AcceptanceModel, estimate_arrays
 from .cost import Calibration, CostModel, best_size_arrays
@@ -137,7 +137,7 @@ class Drafter:
 
 
 def compile_kernels() -> None:
-    """The drafting's compiled loops (rest_lsp/jit.py), compiled now (the first time on a machine: seconds) or
+    """The drafting's compiled loops (restbase/jit.py), compiled now (the first time on a machine: seconds) or
     loaded from the disk cache (milliseconds), so that no completion waits for them: drafts with the context,
     history and recycling sources and a merge of two datastore match levels (the datastore's own loops are
     compiled when the first store opens: indexer.store.compile_kernels)."""

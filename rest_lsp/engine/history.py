@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from rest_lsp.storage import write_bytes_atomic
+from restbase.storage import write_bytes_atomic
 
 from .sources import HistorySource
 

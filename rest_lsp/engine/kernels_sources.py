@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 from .trie import PAD  # a global int: numba compiles it in as a constant
 

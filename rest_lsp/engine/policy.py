@@ -8,7 +8,9 @@ present, once, by the drafter (rest_lsp/engine/drafter.py):
             datastores (repository), a corpus datastore (corpus), the model's own recent top-k (recycle), the
             repository snippets a prompt's cross-file block holds (snippets; rest_lsp/service/crossfile.py)
     paper   REST as published: the corpus only, first k=5000 matches in suffix-array order, raw counts
-    pld     prompt lookup as a tree: the context alone
+    pld     prompt lookup decoding (PLD): one chain after the latest earlier match of the context's last 3, 2
+            or 1 tokens (`lookup`); `rest-lsp bench --methods pld` verifies it whole, PLD_TOKENS tokens
+    context prompt lookup as a tree (a source name is a policy too): every match in the context, up to 16
 
 The long accepted runs come from the current file and the model's own output (docs/engine.md), so the context
 holds half the tree; the repository outweighs a generic corpus because its idioms are the user's own.
@@ -18,11 +20,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from .sources import (CORPUS_MAX_LEN, ContextSource, DatastoreSource, DraftSource, HistorySource, PaperSource,
-                      RecyclingSource, SnippetSource)
+                      PromptLookupSource, RecyclingSource, SnippetSource)
 
 SHARES = {"context": 0.5, "history": 0.2, "repository": 0.3, "corpus": 0.2, "recycle": 0.05, "snippets": 0.5}
-PRESETS = {"rest": SHARES, "paper": {"paper": 1.0}, "pld": {"context": 1.0}}
-SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper", "snippets")
+PRESETS = {"rest": SHARES, "paper": {"paper": 1.0}, "pld": {"lookup": 1.0}}
+PLD_TOKENS = 10  # bench's pld chain and budget, pld-hf's prompt_lookup_num_tokens: the value transformers' docs use
+SOURCE_NAMES = ("context", "history", "repository", "corpus", "recycle", "paper", "snippets", "lookup")
 
 
 class PolicyError(ValueError):
@@ -65,6 +68,8 @@ def make_sources(spec: str = "rest", *, context: ContextSource | None = None, hi
             sources.append((history if history is not None else HistorySource(), share))
         elif name == "recycle":
             sources.append((RecyclingSource(), share))
+        elif name == "lookup":
+            sources.append((PromptLookupSource(), share))
         elif name == "snippets":
             if snippets is not None:
                 sources.append((snippets, share))

@@ -2,6 +2,7 @@
 
 - `DatastoreSource`: the corpus / repository suffix-array datastore (indexer's `Datastore.search`).
 - `ContextSource`: prompt lookup over the prompt and the open buffers, every match with n >= 1 as a tree.
+- `PromptLookupSource`: prompt lookup decoding: the latest match of the longest suffix (<= 3 tokens), one chain.
 - `HistorySource`: the text this process generated before (users accept completions and then repeat them).
 - `RecyclingSource`: the model's own earlier top-k predictions per token (Token Recycling / SAM-Decoding).
 - `PaperSource`: REST as published (the baseline `rest-lsp bench` compares with).
@@ -160,6 +161,30 @@ class ContextSource(_MatchingSource):
             joined = (buffers, *join_texts(list(buffers.values())))
             self._joined_buffers = joined
         return context, joined[1], joined[2]
+
+
+class PromptLookupSource(_MatchingSource):
+    """Prompt lookup decoding (Saxena 2023; transformers' `prompt_lookup_num_tokens`, vLLM's `ngram`
+    speculator): the context's last n tokens, n from `n_max` down to 1, found earlier in the context (the
+    prompt and the output so far, no open buffers), and the tokens after the latest such place as one chain.
+    The drafter cuts it at its draft length; the `pld` policy (policy.py) verifies it whole.
+
+    Example, n_max 3, draft length 4, context  a b c d b c e f b c:
+        "f b c" occurs nowhere earlier; "b c" occurs at 1-2 and 4-5, the latest is 4-5 -> one row "e f b c".
+    transformers takes the earliest place instead (here "d b c e") and n from 2 down.
+
+    The matching is the context source's (the same compiled kernel), keeping one match instead of a tree."""
+
+    name = "lookup"
+
+    def __init__(self, n_max: int = 3):
+        super().__init__(n_max, max_matches=1)
+
+    def _texts(self, context: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        return [(context, True)]
+
+    def _joined(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return context, _NO_TOKENS, _NO_BOUNDS
 
 
 class SnippetSource(ContextSource):

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 from .trie import TokenTrie
 

@@ -12,7 +12,7 @@ it starts where a row first differs from the row above. Nodes are numbered depth
 which puts every parent before its children and the children of a node in one run of ids, tokens ascending.
 Because parents come before their children, what accumulates along paths (the acceptance estimate, the
 ranking's clamp) is one pass over the nodes in id order. Building and those passes are compiled loops
-(rest_lsp/jit.py): as numpy they were some forty small calls per step, most of a drafting step's cost.
+(restbase/jit.py): as numpy they were some forty small calls per step, most of a drafting step's cost.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 PAD = -1  # after a continuation's last token in a padded row
 

@@ -22,7 +22,7 @@ import bisect
 import numpy as np
 import torch
 
-from rest_lsp.jit import njit
+from restbase.jit import njit
 
 
 @njit

@@ -29,7 +29,7 @@ def _sha256(path: Path) -> str:
 
 def record(folder: Path) -> None:
     """Write CHECKSUMS for every file in `folder` (atomically: a temporary file renamed into place)."""
-    from rest_lsp.storage import write_bytes_atomic
+    from restbase.storage import write_bytes_atomic
 
     folder = Path(folder)
     files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}

@@ -491,7 +491,7 @@ class FastVerifier(SlotCache):
         # environment on first use, so that value counts as unset; a user's own choice is kept)
         current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-            from rest_lsp.storage import cache_root
+            from restbase.storage import cache_root
 
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
         # freezing: weights become constants that inductor prepacks (and, with max-autotune, feeds to its

@@ -4,6 +4,8 @@
 
 `spec` is one of
     None                 the embedded Qwen2.5-Coder-0.5B-Instruct (rest_lsp/assets.py assembles its GGUF)
+    an embedded name     "qwen2.5-coder-0.5b" (also "embedded"), "qwen2.5-coder-1.5b": rest_lsp/assets.py MODELS
+                         (an existing directory of that name wins: it is what a path means)
     a directory          a Hugging Face checkpoint (config.json + weights + tokenizer)
     a .gguf file         converted once into a safetensors directory in the user cache, then loaded from there
     a hub id             "org/name", fetched by transformers where the network allows
@@ -27,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.storage import atomic_dir, cache_root, file_lock
+from restbase.storage import atomic_dir, cache_root, file_lock
 
 from . import PRECISIONS
 from .prompts import (FimFormat, RepoContext, build_prompt, context_limit, decode_as_continuation, resolve_fim,
@@ -35,7 +37,7 @@ from .prompts import (FimFormat, RepoContext, build_prompt, context_limit, decod
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
            "int8w": torch.float32}
-EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"
+EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"   # the default embedded model's title (rest_lsp/assets.py MODELS)
 
 
 class ModelLoadError(RuntimeError):
@@ -184,12 +186,16 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
     return dest
 
 
-def embedded_model_dir() -> Path:
-    """The embedded model as a safetensors directory in the cache (assembling and converting on first use)."""
-    from rest_lsp.assets import GGUF_SHA256, embedded_dir, gguf_path
+def embedded_model_dir(model: str | None = None) -> Path:
+    """An embedded model (None: the default) as a safetensors directory in the cache (assembling and
+    converting on first use)."""
+    from rest_lsp.assets import EmbeddedModelError, converted_dir, gguf_path
 
-    gguf = gguf_path()
-    return convert_gguf(gguf, embedded_dir() / f"hf-{GGUF_SHA256[:12]}")
+    try:
+        gguf = gguf_path(model)
+    except EmbeddedModelError as e:
+        raise ModelLoadError(str(e)) from e
+    return convert_gguf(gguf, converted_dir(model))
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -199,11 +205,17 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
-    """-> (kind, location): kind in "dir" | "hub"."""
+    """-> (kind, location): kind in "dir" | "hub" | "embedded" (location: a converted embedded model)."""
     if spec is None:
-        return "dir", embedded_model_dir()
+        return "embedded", embedded_model_dir()
     s = os.fspath(spec)
     p = Path(s).expanduser()
+    if not p.exists():
+        if (m := embedded_model(s)) is not None:
+            return "embedded", embedded_model_dir(m.name)
+        if s == "auto":   # resolved before loading: the choice reads measurements, which loading must not import
+            raise ModelLoadError("model 'auto' is chosen per machine by the daemon and `rest-lsp complete` "
+                                 "(rest_lsp/model/choice.py); name a model here")
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{p} is a directory but not a Hugging Face model (no config.json)")
@@ -215,6 +227,13 @@ def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
     if _looks_like_path(s):
         raise ModelLoadError(f"no such model: {s} (not an existing directory or .gguf file)")
     return "hub", s
+
+
+def embedded_model(spec: str | os.PathLike | None):
+    """The rest_lsp.assets.EmbeddedModel a model spec names (None: the default), or None for a path or hub id."""
+    from rest_lsp import assets
+
+    return assets.get(None) if spec is None else assets.lookup(os.fspath(spec))
 
 
 def _load_error(location, kind: str, what: str, e: Exception) -> ModelLoadError:
@@ -279,15 +298,17 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
     if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     fim_format = resolve_fim(fim, tokenizer)
-    if spec is None:
-        name = EMBEDDED_NAME
+    embedded = embedded_model(spec) if kind == "embedded" else None
+    if embedded is not None:
+        name = embedded.title
     elif kind == "hub":
         name = str(location)
     else:
         name = Path(os.fspath(spec)).expanduser().name or str(location)
     return LoadedModel(
         model=model, tokenizer=tokenizer, device=dev, dtype=_DTYPES[prec], precision=prec, name=name,
-        fim=fim_format, path=Path(location) if kind == "dir" else None,
+        fim=fim_format, path=None if kind == "hub" else Path(location),
         context_length=context_limit(tokenizer, model), stop_ids=stop_token_ids(tokenizer, fim_format),
-        tokenizer_source="embedded" if spec is None else str(location),
+        # the indexer knows the default model's tokenizer as "embedded"; another embedded model's is its directory
+        tokenizer_source="embedded" if embedded is not None and embedded.title == EMBEDDED_NAME else str(location),
     )

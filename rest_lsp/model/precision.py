@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.storage import write_bytes_atomic
+from restbase.storage import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +390,20 @@ def disagreement(data: dict, in_use: str, live_step_ms: float) -> str | None:
 REMEASURE_MEMORY_FACTOR = 4
 
 
+def machine_allows(model_bytes: int) -> str | None:
+    """Why the machine cannot take a measurement in the background now, or None. It loads the model again in
+    fp32 (model_bytes: its fp32 size) and converts a copy per candidate: several times the model's size (4
+    daemons of the typing benchmark that re-measured at once were killed for memory), and it times forwards,
+    which another busy process makes meaningless (the 1-minute load average above half the cores)."""
+    avail = _mem_available()
+    if avail is not None and avail < REMEASURE_MEMORY_FACTOR * model_bytes:
+        return f"{avail >> 20} MiB available, {REMEASURE_MEMORY_FACTOR * model_bytes >> 20} MiB needed"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5 * (os.cpu_count() or 1):
+        return f"the machine is busy (load {load:.1f})"
+    return None
+
+
 class LiveCheck:
     """The precision in use held to the daemon's own decoding steps: after every LIVE_WINDOW new steps of at
     most LIVE_MAX_DRAFT draft nodes, their median is compared with the cached figure (`disagreement`). A
@@ -451,21 +465,7 @@ class LiveCheck:
         return self.action == "pending"
 
     def machine_allows(self, model_bytes: int) -> str | None:
-        """Why the machine cannot take a re-measurement now, or None. It loads the model again in fp32 and
-        converts a copy per candidate: several times the model's size (4 daemons of the typing benchmark that
-        re-measured at once were killed for memory), and it times forwards, which another busy process makes
-        meaningless (the 1-minute load average above half the cores)."""
-        try:
-            avail = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
-                         if ln.startswith("MemAvailable:"))
-        except (OSError, StopIteration, ValueError):
-            avail = None
-        if avail is not None and avail < REMEASURE_MEMORY_FACTOR * model_bytes:
-            return f"{avail >> 20} MiB available, {REMEASURE_MEMORY_FACTOR * model_bytes >> 20} MiB needed"
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        if load > 0.5 * (os.cpu_count() or 1):
-            return f"the machine is busy (load {load:.1f})"
-        return None
+        return machine_allows(model_bytes)
 
     def remeasure(self, load_fp32: Callable[[], object], *, timer: Timer | None = None) -> Generator[None, None, dict | None]:
         """The re-measurement, one forward per step (load_fp32: the model again, in fp32); caches its result."""

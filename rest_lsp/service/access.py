@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.storage import cache_root, write_bytes_atomic
+from restbase.storage import cache_root, write_bytes_atomic
 
 
 def new_token() -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from rest_lsp.filenames import safe_filename
 from rest_lsp.model.prompts import RepoContext
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 
 from .config import ModelLimits, ServerConfig, prompt_windows
 from .datastores import DatastoreSet
@@ -97,6 +97,11 @@ class EngineBackend:
         self.precision_check = None
         self.model_spec: str | None = None
         self.config_seen: ServerConfig | None = None
+        # `model: auto` (rest_lsp/model/choice.py): what it chose and why, and a larger model it measures when
+        # idle (once per daemon: a failed or postponed measurement is tried again by the next daemon)
+        self.model_choice: dict | None = None
+        self.model_auto_precision = "auto"
+        self._model_measured = False
 
     def warm_up(self) -> None:
         """One short generation at load time: the first request must not pay for the one-time
@@ -231,10 +236,11 @@ class EngineBackend:
 
     def idle_work(self):
         """What the inference worker runs, one forward per step, once it has been idle a while
-        (rest_lsp/service/worker.py): the precision measured again when the live steps disagreed with it."""
+        (rest_lsp/service/worker.py): the precision measured again when the live steps disagreed with it;
+        else, under `model: auto`, a larger embedded model in the cache that has no trusted measurement."""
         check = self.precision_check
         if check is None or not check.due:
-            return None
+            return self._model_auto_work()
         fp32_bytes = 4 * sum(t.numel() for t in (*self.loaded.model.parameters(), *self.loaded.model.buffers()))
         busy = check.machine_allows(fp32_bytes)
         if busy is not None:
@@ -244,6 +250,35 @@ class EngineBackend:
 
         spec = self.model_spec
         return check.remeasure(lambda: load_model(spec, device="cpu", precision="fp32"))
+
+    def _model_auto_work(self):
+        choice = self.model_choice
+        name = choice.get("pending") if choice else None
+        if not name or self._model_measured:
+            return None
+        from rest_lsp.model import choice as model_choice
+        from rest_lsp.model.precision import machine_allows
+
+        busy = machine_allows(model_choice.fp32_bytes(name))
+        if busy is not None:
+            choice["measuring"] = f"{name}: postponed ({busy})"
+            return None  # asked again after the next job
+        self._model_measured = True
+        choice["measuring"] = f"{name}: measuring"
+        return self._measure_model(name)
+
+    def _measure_model(self, name: str):
+        from rest_lsp.model import choice as model_choice
+
+        try:
+            after = yield from model_choice.measure(name, self.model_auto_precision)
+        except Exception as exc:
+            self.model_choice["measuring"] = f"{name}: failed ({type(exc).__name__}: {exc})"
+            raise
+        self.model_choice["measuring"] = f"{name}: measured"
+        self.model_choice["next_start"] = {k: after[k] for k in ("choice", "reason", "measured")}
+        log.info("model auto: %s measured (%s); the next start chooses %s (%s)", name, after["measured"],
+                 after["choice"], after["reason"])
 
     def figures(self, crun: CompletionRun) -> dict:
         run = crun.run
@@ -274,6 +309,8 @@ class EngineBackend:
                 "trees": self.tree_check.describe() | {"exact": self.trees_exact},
                 "layout": resolve_layout(self.config_seen.layout) if self.config_seen else None,
                 "precision_choice": self.precision_choice,
+                # a copy: the inference thread adds to it (an idle measurement) while the stats are serialised
+                "model_choice": dict(self.model_choice) if self.model_choice is not None else None,
                 "precision_check": self.precision_check.snapshot() if self.precision_check is not None else None,
                 "kv_cache": self.engine.pool.snapshot() | {"active_tokens": self.engine.cached_tokens},
                 "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
@@ -308,7 +345,15 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     from rest_lsp.engine.history import history_model_key
     from rest_lsp.model.host import load_model
 
-    loaded = load_model(config.model, device=config.device, precision=config.precision)
+    spec, model_choice = config.model, None
+    if config.model == "auto":
+        from rest_lsp.model.choice import resolve
+        from rest_lsp.model.host import resolve_device
+
+        # decided from the cache's measurements, never by fetching or measuring before the first completion
+        model_choice = resolve(resolve_device(config.device).type, config.precision)
+        spec = model_choice["choice"]
+    loaded = load_model(spec, device=config.device, precision=config.precision)
     precision_choice = None
     if config.precision == "auto" and loaded.device.type == "cpu" and loaded.precision == "fp32":
         from rest_lsp.model.precision import as_precision, choose
@@ -321,7 +366,9 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
     backend = EngineBackend(loaded, repository if repository is not None else DatastoreSet(), config.corpus,
                             history_file=history, kv_pool_bytes=config.kv_cache_mb << 20)
     backend.precision_choice = precision_choice
-    backend.model_spec = config.model
+    backend.model_spec = spec
+    backend.model_choice = model_choice
+    backend.model_auto_precision = config.precision
     if precision_choice is not None and isinstance(precision_choice.get(precision_choice.get("choice")), dict):
         from rest_lsp.model.precision import LiveCheck
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
 from rest_lsp.filenames import safe_filename
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 
 from . import indexing
 from .live import LiveBuffer

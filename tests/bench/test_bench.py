@@ -27,11 +27,11 @@ KEYS = {"tokens", "seconds", "prefill_seconds", "tokens_per_s", "speedup_vs_ar",
 def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = bench_main(["--model", str(tiny_dir), "--prompts", "humaneval", "--limit", "2",
-                     "--methods", "ar,pld,rest-paper,rest", "--datastore", str(corpus_dir),
+                     "--methods", "ar,pld,pld-hf,rest-paper,rest", "--datastore", str(corpus_dir),
                      "--max-new-tokens", "24", "--json", str(out), "--plot", str(png), "--device", "cpu"])
     assert rc == 0
     r = json.loads(out.read_text())
-    assert list(r["methods"]) == ["ar", "pld", "rest-paper", "rest"]
+    assert list(r["methods"]) == ["ar", "pld", "pld-hf", "rest-paper", "rest"]
     assert r["n_prompts"] == 2 and r["max_new_tokens"] == 24 and r["precision"] == "fp32"
     for name, m in r["methods"].items():
         assert KEYS <= set(m), name
@@ -44,7 +44,7 @@ def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
     assert ar["speedup_vs_ar"] == pytest.approx(1.0) and ar["mean_accepted"] == pytest.approx(1.0)
     assert ar["retrieval_ms_p50"] is None
     # greedy speculative decoding is exact: every method emits the tokens of an independent plain greedy run
-    # (pld included: transformers' prompt lookup), and so agrees with ar
+    # (pld on the engine's verifier and pld-hf, transformers' own, included), and so agrees with ar
     from rest_lsp.bench.prompts import load_prompts
     from rest_lsp.model.host import load_model
 
@@ -54,7 +54,8 @@ def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
     for name, m in r["methods"].items():
         assert [p["output_ids"] for p in m["per_prompt"]] == truth, name
         assert m["identical_to_ar"] == 1.0, name
-    for name in ("rest-paper", "rest"):
+    assert [p["output_ids"] for p in r["methods"]["pld"]["per_prompt"]] == [p["output_ids"] for p in ar["per_prompt"]]
+    for name in ("pld", "rest-paper", "rest"):
         m = r["methods"][name]
         assert m["retrieval_ms_p50"] is not None and m["retrieval_ms_p99"] >= m["retrieval_ms_p50"]
         # every decoding step's drafting time is kept (the first token comes from the prefill, not a draft)
@@ -64,6 +65,17 @@ def test_bench_humaneval_all_methods(tiny_dir, corpus_dir, tmp_path, capsys):
         dec_tokens = m["tokens"] - 2
         assert m["mean_accepted"] == pytest.approx(dec_tokens / (m["steps"] - 2))
     assert r["methods"]["rest-paper"]["config"]["sources"] == {"paper": 1.0}
+    # pld runs on the verifier and loop of ar and rest, drafting one prompt-lookup chain of 10 tokens per step;
+    # pld-hf is transformers' generate on its eager forward
+    pld, hf = r["methods"]["pld"], r["methods"]["pld-hf"]
+    assert pld["config"]["verifier"] == ar["config"]["verifier"] == r["verifier"]
+    assert pld["config"]["loop"] == ar["config"]["loop"] == "rest_lsp.engine.Engine"
+    assert pld["config"]["policy"] == "pld" and pld["config"]["sources"] == {"lookup": 1.0}
+    assert pld["config"]["draft_budget"] == pld["config"]["draft_len"] == 10
+    assert pld["mean_draft_nodes"] <= 10
+    assert hf["config"] == {"loop": "transformers generate", "verifier": "transformers", "forward": "eager",
+                            "prompt_lookup_num_tokens": 10}
+    assert hf["retrieval_ms_p50"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "rest-paper" in table and "tok/s" in table
@@ -116,12 +128,12 @@ def test_bad_jsonl_rows(tmp_path):
 
 
 def test_bench_verifier_kinds_give_identical_tokens(tiny_dir, prompts_file, tmp_path):
-    """ar and rest share the --verifier kind (recorded in the report); auto (the fast verifier on this Qwen2
-    tiny model where the CPU allows, else eager) emits exactly eager's tokens."""
+    """ar, pld and rest share the --verifier kind (recorded in the report); auto (the fast verifier on this
+    Qwen2 tiny model where the CPU allows, else eager) emits exactly eager's tokens."""
     reports = {}
     for kind in ("eager", "auto"):
         out = tmp_path / f"{kind}.json"
-        rc = bench_main(["--model", str(tiny_dir), "--prompts", str(prompts_file), "--methods", "ar,rest",
+        rc = bench_main(["--model", str(tiny_dir), "--prompts", str(prompts_file), "--methods", "ar,pld,rest",
                          "--max-new-tokens", "16", "--json", str(out), "--no-warmup", "--device", "cpu",
                          "--verifier", kind])
         assert rc == 0
@@ -134,14 +146,14 @@ def test_bench_verifier_kinds_give_identical_tokens(tiny_dir, prompts_file, tmp_
     assert eager["verifier"] == "eager" and auto["verifier"] == want
     for r in (eager, auto):
         assert {m["config"]["verifier"] for m in r["methods"].values()} == {r["verifier"]}
-        assert r["methods"]["rest"]["identical_to_ar"] == 1.0
+        assert r["methods"]["rest"]["identical_to_ar"] == r["methods"]["pld"]["identical_to_ar"] == 1.0
     from rest_lsp.bench.prompts import load_prompts
     from rest_lsp.model.host import load_model
 
     lm = load_model(tiny_dir, device="cpu", precision="fp32")
     truth = [plain_greedy(lm, p.prefix, p.suffix, 16) for p in load_prompts(str(prompts_file))]
     assert all(truth), truth
-    for name in ("ar", "rest"):
+    for name in ("ar", "pld", "rest"):
         for r in (eager, auto):
             assert [p["output_ids"] for p in r["methods"][name]["per_prompt"]] == truth, (name, r["verifier"])
 
@@ -196,7 +208,7 @@ def test_bench_history_saved_and_restored(tiny_dir, prompts_file, tmp_path, caps
     # default methods with --history: rest (cold) and rest-history side by side
     assert bench_main(base + ["--limit", "1", "--json", str(both), "--history", str(hist)]) == 0
     r = json.loads(both.read_text())
-    assert list(r["methods"]) == ["ar", "pld", "rest", "rest-history"] and r["history"] == str(hist)
+    assert list(r["methods"]) == ["ar", "pld", "pld-hf", "rest", "rest-history"] and r["history"] == str(hist)
     cold, warm = r["methods"]["rest"], r["methods"]["rest-history"]
     assert warm["per_prompt"][0]["output_ids"] == cold["per_prompt"][0]["output_ids"] == out
     assert warm["identical_to_ar"] == 1.0 and warm["mean_accepted"] > cold["mean_accepted"]

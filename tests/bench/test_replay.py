@@ -39,7 +39,7 @@ def test_record_is_plain_greedy(tiny_lm, records):
 
 
 @pytest.mark.parametrize("policy,budget", [("rest", 4), ("rest", None), ("context=1,corpus=1", 16),
-                                           ("paper", 64), ("context=0.6,history=0.4", None)])
+                                           ("paper", 64), ("context=0.6,history=0.4", None), ("pld", 10)])
 def test_replay_equals_a_real_engine_run(tiny_lm, records, corpus_dir, policy, budget):
     """The replayed steps are the steps a real speculative run takes (deterministic sources): the records
     go in order through one engine, and through one drafter, as prompts through a long-running daemon."""

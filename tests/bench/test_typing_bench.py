@@ -8,6 +8,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_typing as T  # noqa: E402
+from scripted_editor import ScriptedEditor  # noqa: E402
+
+OLD = T.RHYTHMS["old"]  # these tests are about the client: its person takes a suggestion free, as it did
 
 
 def module(tag: str) -> str:
@@ -53,57 +56,25 @@ def test_acceptable_cuts_at_a_word_boundary():
     assert T.acceptable("x", "y") == ""
 
 
-class SlowEditor:
-    """An editor whose server answers every request with what is about to be typed, `delay` seconds late."""
-
-    def __init__(self, text: str, delay: float):
-        self.lines, self.version, self.delay, self.text = [""], 1, delay, text
-
-    def insert(self, line, col, text):
-        self.version += 1
-        cur = self.lines[line]
-        new = (cur[:col] + text + cur[col:]).split("\n")
-        self.lines[line:line + 1] = new
-        return line + len(new) - 1, len(new[-1]) - len(cur[col:])
-
-    def cursor(self, line, col):
-        pass
-
-    def cancel(self, msg_id):
-        pass
-
-    def request(self, line, col, msg_id):
-        import asyncio
-        from types import SimpleNamespace
-        typed = "\n".join(self.lines)
-        coming = self.text[len(typed):].split(" ")[0]
-
-        async def reply():
-            await asyncio.sleep(self.delay)
-            return SimpleNamespace(items=[SimpleNamespace(insert_text=coming)])
-        return asyncio.ensure_future(reply())
-
-
 def test_a_patient_person_waits_for_a_late_answer_and_an_impatient_one_does_not(monkeypatch):
     import asyncio
     import random
-    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.2 if ch == " " else 0.01)  # pauses after spaces
+    monkeypatch.setattr(T, "interval", lambda person, ch, rng: 0.2 if ch == " " else 0.01)  # pauses after spaces
     monkeypatch.setattr(T, "START_S", 0.0)
     text = "alpha beta gamma delta"
     body = T.Body(Path("x.py"), 0, 0, text)
     tallies = {}
     for patient in (False, True):
-        tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
-                 "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
-        asyncio.run(T.type_body(SlowEditor(text, delay=0.3), body, random.Random(0), True, False, tally,
-                                patient=patient))
+        tally = T.new_tally()
+        asyncio.run(T.type_body(ScriptedEditor(text, delay=0.3), body, random.Random(0), True, False, tally,
+                                patient=patient, person=OLD))
         tallies[patient] = tally
     assert tallies[False]["shown"] == 0 and tallies[False]["accepted"] == 0  # each answer came after the next key
     assert tallies[True]["shown"] == tallies[True]["pauses"] == 3
     assert tallies[True]["accepted"] == len("beta") + len("gamma") + len("delta")
 
 
-class LateEditor(SlowEditor):
+class LateEditor(ScriptedEditor):
     """Its server answers the first request at each place empty (the prompt past its budget) and sends
     rest/suggestionReady 50 ms later; asked again, it answers with what is about to be typed."""
 
@@ -133,13 +104,12 @@ class LateEditor(SlowEditor):
 def test_an_empty_answer_is_asked_again_at_the_servers_notice(monkeypatch):
     import asyncio
     import random
-    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.4 if ch == " " else 0.01)
+    monkeypatch.setattr(T, "interval", lambda person, ch, rng: 0.4 if ch == " " else 0.01)
     monkeypatch.setattr(T, "START_S", 0.0)
     text = "alpha beta gamma delta"
-    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
-             "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
+    tally = T.new_tally()
     asyncio.run(T.type_body(LateEditor(text), T.Body(Path("x.py"), 0, 0, text), random.Random(0), True, False,
-                            tally))
+                            tally, person=OLD))
     assert tally["pauses"] == tally["empty"] == tally["asked_again"] == tally["shown"] == 3
     assert tally["accepted"] == len("beta") + len("gamma") + len("delta")
     assert all(60 <= ms < 400 for ms in tally["shown_latency"]), tally["shown_latency"]
@@ -164,10 +134,24 @@ def test_the_paired_summary_of_one_body_has_no_standard_error():
     assert "REST more in 1, llama.cpp more in 0, equal in 0" in line
 
 
+def test_the_patient_person_is_named_for_what_it_is_and_ceiling_is_gone():
+    assert T.method_options("patient", {}) == ("patient", {"draftBudget": None, "predictBudgetMs": 0})
+    with pytest.raises(SystemExit, match="now `patient`"):
+        T.method_options("ceiling", {})
+
+
+def test_a_shorter_suggestion_can_take_more_so_waiting_for_the_whole_one_is_no_bound():
+    # why `patient` is not a ceiling: the full suggestion goes wrong inside a word and is cut back to its start
+    coming = "return total_sum\n"
+    assert len(T.acceptable("return tot", coming)) > len(T.acceptable("return totally", coming))
+
+
 def test_a_method_may_carry_its_precision():
     assert T.method_options("rest@int8w", {"maxTokens": 16}) == \
         ("rest", {"draftBudget": None, "maxTokens": 16, "precision": "int8w"})
     assert T.method_options("plain", {}) == ("plain", {"draftBudget": 0})
+    assert T.method_options("rest+qwen2.5-coder-1.5b@bf16", {}) == \
+        ("rest", {"draftBudget": None, "precision": "bf16", "model": "qwen2.5-coder-1.5b"})
     with pytest.raises(SystemExit, match="unknown method"):
         T.method_options("fast@fp32", {})
 
@@ -183,6 +167,21 @@ def test_the_first_method_is_compared_with_each_other_one_body_by_body():
     assert "characters accepted rest@int8w - rest@fp32: mean +1.5" in text
     assert "rest@int8w more in 1, rest@fp32 more in 0, equal in 1" in text
     assert "characters accepted rest@int8w - plain@fp32: mean +6.0" in text
+
+
+def test_the_patient_person_is_compared_body_by_body_and_claims_no_bound():
+    per = lambda *a: {"per_body": [{"accepted": x} for x in a]}  # noqa: E731
+    base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,
+            "shown_latency_ms_p50": 1, "shown_latency_ms_p95": 1, "keys_typed": 9, "accepts": 1, "accept_keys": 1,
+            "keys_saved_share": 0.1, "typing_s": 1.0, "accepted_share": 0.3, "cpu_s_per_typed_char": 0.1,
+            "server": {}}
+    report = {"rhythm": {"name": "old", "legacy": True},
+              "methods": {"rest": {**base, "chars_accepted": 12, **per(5, 7)},
+                          "plain": {**base, "chars_accepted": 10, **per(4, 6)},
+                          "patient": {**base, "chars_accepted": 11, **per(6, 5)}}}
+    text = T.table(report)
+    assert "characters accepted REST - patient: mean +0.5" in text
+    assert "patient / plain: 1.10x" in text and "not a bound" in text and "most" not in text
 
 
 def test_a_method_may_carry_its_client():
@@ -227,17 +226,17 @@ def test_the_plain_client_sends_whole_texts_and_nothing_of_rest(monkeypatch, cli
     import asyncio
     import random
     from lsprotocol import types
-    monkeypatch.setattr(T, "gap_after", lambda ch, rng: 0.4 if ch == " " else 0.01)  # long enough for rest/cursor
+    # long enough for rest/cursor
+    monkeypatch.setattr(T, "interval", lambda person, ch, rng: 0.4 if ch == " " else 0.01)
     monkeypatch.setattr(T, "START_S", 0.0)
     opened = "def f(a):\n    \n"
     body = T.Body(Path("x.py"), 1, 4, "return a + 1")
-    tally = {"typed": 0, "accepted": 0, "accepts": 0, "typeable": 0, "pauses": 0, "shown": 0,
-             "shown_latency": [], "late": 0, "empty": 0, "asked_again": 0}
+    tally = T.new_tally()
     server = RecordingServer()
 
     async def run():
         ed = T.CLIENTS[client](server, Path("/w/x.py"), opened)
-        await T.type_body(ed, body, random.Random(0), True, True, tally)
+        await T.type_body(ed, body, random.Random(0), True, True, tally, person=OLD)
         return ed
 
     ed = asyncio.run(run())

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from editor_harness import CALC, SERVER, make_workspace, missing_editor, wait_until
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 from vscode_harness import CodeServer, Workbench, find_tools, package_extension
 
 CALC_LINES = CALC.split("\n")

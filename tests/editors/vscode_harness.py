@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from editor_harness import wait_until
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "editors" / "vscode"

@@ -38,6 +38,36 @@ def test_context_source_prefers_long_matches_and_reads_buffers():
     assert src.propose([1], 4) == [] and src.last_match_len == 0
 
 
+def test_prompt_lookup_source_drafts_one_chain_after_the_longest_latest_match():
+    from rest_lsp.engine import Drafter, make_sources
+    from rest_lsp.engine.sources import PromptLookupSource
+
+    a, b, c, d, e, f = range(10, 16)
+    src = PromptLookupSource()
+    assert src.propose([a, b, c, d, b, c, e, f, b, c], 4) == [((e, f, b, c), 4.0)]  # the docstring's example
+    assert src.last_match_len == 2
+    # the longest suffix (up to 3 tokens) wins over a more recent shorter one; beyond 3 nothing counts
+    assert src.propose([a, c, d, e, 1, 2, d, e, 3, a, c, d, e], 2) == [((1, 2), 9.0)]
+    assert src.last_match_len == 3
+    assert src.propose([a, b, c, d], 4) == [] and src.last_match_len == 0
+    # the pld policy drafts that one chain, each node the previous one's child
+    tree = Drafter(make_sources("pld")).draft([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 1, 2, 3], 10)
+    assert tree.tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] and tree.parents == list(range(-1, 10))
+
+
+def test_pld_policy_output_is_exact():
+    from rest_lsp.engine import make_sources
+
+    model = tiny_model("qwen2", 2)
+    base = random_prompt(21, 12)
+    ref = plain_greedy(model, base, 60)
+    res = Engine(model, make_sources("pld"), eos_token_ids=[]).generate(
+        base, GenerationConfig(max_new_tokens=60, draft_budget=10))
+    assert res.tokens == ref
+    # whole 10-token chains were verified, some rejected and some accepted (a random model rarely repeats)
+    assert max(res.draft_sizes) == 10 and res.accepted_sources.get("lookup", 0) >= 1 and res.steps < 60
+
+
 def test_history_source_remembers_earlier_generations():
     src = HistorySource()
     src.begin([0])

@@ -68,9 +68,9 @@ def test_a_damaged_manifest_is_a_clear_error(small_store):
 def test_a_full_disk_during_a_build_leaves_the_previous_store(small_store, tmp_path, bpe_tok_path, monkeypatch):
     ds_dir, ctxs, expected = small_store
     write_files(tmp_path / "other", {"x.py": "entirely different content\n" * 200})
-    import indexer.shard as shard
+    import indexer.shardfile as shardfile
 
-    real_write = shard._HashingWriter.write
+    real_write = shardfile._HashingWriter.write
     budget = {"left": 3000}
 
     def failing_write(self, b):
@@ -79,7 +79,7 @@ def test_a_full_disk_during_a_build_leaves_the_previous_store(small_store, tmp_p
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(self, b)
 
-    monkeypatch.setattr(shard._HashingWriter, "write", failing_write)
+    monkeypatch.setattr(shardfile._HashingWriter, "write", failing_write)
     with pytest.raises(OSError, match="No space"):
         build_datastore([tmp_path / "other"], ds_dir, tokenizer=bpe_tok_path)
     monkeypatch.undo()
@@ -216,8 +216,8 @@ from pathlib import Path
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from idx_helpers import random_file, source_lines
 from indexer.store import Datastore
-import indexer.store as store
-store.LEVEL_BASE_TOKENS = 256  # merge often
+import indexer.writer as writer
+writer.LEVEL_BASE_TOKENS = 256  # merge often
 ds = Datastore.open({str(ds_dir)!r})
 rng, lines = random.Random(), source_lines()
 files = sorted(Path({str(repo)!r}).glob("*.py"))

@@ -7,7 +7,9 @@ from idx_helpers import naive_search
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from indexer.shard import ScanShard, Shard, join_documents
+from indexer.scan import ScanShard
+from indexer.shard import Shard
+from indexer.sorting import join_documents
 from indexer.store import Datastore
 from indexer.types import TokenOutOfRange
 
@@ -167,11 +169,13 @@ def test_live_shards_replace_and_drop():
 def test_search_cache_answers_repeats_and_forgets_on_every_change(monkeypatch):
     """Datastore.search remembers answers per snapshot of its shards: a repeat is not searched again, other
     parameters are other entries, and any change of the shards (a live buffer set or dropped) forgets them."""
+    import indexer.store as store
+
     ds = _store(400)
     ds.set_live("buf", [1, 2, 3, 4, 1, 2, 5])
     calls = []
-    real = Datastore._search
-    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a) or real(self, *a))
+    real = store.search_shards
+    monkeypatch.setattr(store, "search_shards", lambda *a: calls.append(a) or real(*a))
     first = ds.search([9, 1, 2], max_len=2)
     assert ds.search([9, 1, 2], max_len=2) == first and len(calls) == 1
     assert ds.search([8, 9, 1, 2], n_max=3, max_len=2) == first and len(calls) == 1  # the same tokens searched
@@ -193,8 +197,8 @@ def test_search_cache_evicts_the_least_recently_used(monkeypatch):
     ds = _store(400)
     ds.set_live("buf", [1, 2, 3, 4, 5, 6])
     calls = []
-    real = Datastore._search
-    monkeypatch.setattr(Datastore, "_search", lambda self, *a: calls.append(a[1].tolist()) or real(self, *a))
+    real = store.search_shards
+    monkeypatch.setattr(store, "search_shards", lambda *a: calls.append(a[1].tolist()) or real(*a))
     ds.search([1, 2])
     ds.search([2, 3])
     ds.search([1, 2])  # used again: [2, 3] is now the oldest
@@ -210,12 +214,13 @@ def test_search_cache_evicts_the_least_recently_used(monkeypatch):
 
 def test_prefault_maps_an_on_disk_shard_and_changes_no_answer(tmp_path):
     """Datastore.prefault / Shard.prefault: a hint that maps the shard's pages; searches answer the same."""
-    from indexer.shard import _mapping_of, write_shard
+    from indexer.shardfile import mapping_of
+    from indexer.sorting import write_shard
 
     arr, _ = join_documents([[1, 2, 3, 4, 1, 2, 5], [2, 3, 9]], 2)
     meta, _ = write_shard(tmp_path, "s1", "corpus", arr, 2)
     sh = Shard.load(tmp_path, meta, 2)
-    assert _mapping_of(sh.tb) is not None and _mapping_of(sh.sa) is not None  # both files are mmaps
+    assert mapping_of(sh.tb) is not None and mapping_of(sh.sa) is not None  # both files are mmaps
     before = [sh.find(sh.encode(np.array(p))) for p in ([1, 2], [2, 3], [7])]
     sh.prefault()
     assert [sh.find(sh.encode(np.array(p))) for p in ([1, 2], [2, 3], [7])] == before

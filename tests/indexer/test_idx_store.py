@@ -90,9 +90,9 @@ def test_incremental_updates_equal_a_fresh_build(tmp_path, bpe_tok_path):
 
 
 def test_many_updates_merge_into_few_shards(tmp_path, bpe_tok_path, monkeypatch):
-    import indexer.store as store
+    import indexer.writer as writer
 
-    monkeypatch.setattr(store, "LEVEL_BASE_TOKENS", 64)
+    monkeypatch.setattr(writer, "LEVEL_BASE_TOKENS", 64)
     rng = random.Random(3)
     lines = source_lines()
     repo = tmp_path / "repo"

@@ -1,4 +1,4 @@
-"""The compiled search (indexer/shard.py, indexer/store.py) against the Python/numpy code it replaced, on
+"""The compiled search (indexer/kernels.py, indexer/search.py, indexer/scan.py) against the Python/numpy code it replaced, on
 random shards: both token widths, with an alphabet and without, repeated patterns, documents that end
 inside a continuation, patterns that do not occur."""
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from indexer.shard import ScanShard, Shard, be_dtype, join_documents
-from indexer.store import _continuations as store_continuations
-from indexer.store import _one_shard_ranked, _one_shard_search, _ranked
+from indexer.layout import be_dtype
+from indexer.scan import ScanShard
+from indexer.search import _continuations as store_continuations
+from indexer.search import _one_shard_ranked, _ranked, one_shard_search
+from indexer.shard import Shard
+from indexer.sorting import join_documents
 
 
 # ---- the reference: the code before the compiled search -------------------------------------------------
@@ -244,7 +247,7 @@ def test_encode_matches_numpy(width, compact, vocab):
 
 @pytest.mark.parametrize("width,compact,vocab", SHARDS)
 def test_one_call_search_matches_its_parts(width, compact, vocab):
-    """The datastore's one-shard search in one compiled call (`_one_shard_search`) against the reference
+    """The datastore's one-shard search in one compiled call (`one_shard_search`) against the reference
     parts: the encoding, the longest match by a plain scan, its range, the sampled rows, their ranking."""
     rng = np.random.default_rng(300 + width * 10 + compact)
     found = 0
@@ -255,7 +258,7 @@ def test_one_call_search_matches_its_parts(width, compact, vocab):
                 cb = ref_encode(sh, ctx)
                 m = len(cb) // sh.width
                 n, _ = ref_longest(sh, cb, n_min, m) if m >= n_min else (0, None)
-                got = _one_shard_search(*sh.kernel_view(), sh.rank_table(), ctx, n_min, k, max_len, 2.0, limit)
+                got = one_shard_search(*sh.kernel_view(), sh.rank_table(), ctx, n_min, k, max_len, 2.0, limit)
                 if n == 0:
                     assert got[:2] == (0, 0) and got[2].shape == (0, max_len) and got[3].size == got[4].size == 0
                     continue
@@ -313,7 +316,7 @@ def test_continuations_match_numpy(width, compact, vocab):
     assert checked  # some rankings had more than one row to order
 
 
-def test_masked_shard_keeps_the_python_path():
+def test_masked_shard_counts_only_alive_occurrences():
     """A shard with masked documents: a match only inside a masked document does not count."""
     docs = [np.array([1, 2, 3, 4]), np.array([1, 2, 5, 6]), np.array([1, 2, 3, 7])]
     arr, spans = join_documents(docs, 2)

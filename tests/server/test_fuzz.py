@@ -5,7 +5,7 @@ The messages: well-formed LSP traffic with random params (open, edit, complete, 
 drafts, commands), the same with its bytes mutated (flipped, cut, inserted, lengths off, headers changed),
 random JSON, and random bytes. Settings that reload the model or write files are left out of the random
 configurations (they would test the model loader, not the protocol), as are `shutdown` and `exit`.
-Set REST_LSP_FUZZ_REPORT=FILE to keep the figures (README, "Reliability").
+Set REST_LSP_FUZZ_REPORT=FILE to keep the figures (docs/results/reliability.md).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from rest_lsp.storage import cache_root
+from restbase.storage import cache_root
 
 KEEP_SOURCE_STATES = 4  # cache directories kept for other states of the sources (another install, a checkout)
 STALE_AFTER_S = 86_400.0  # ... and only when a day old: a process of that state may still be writing there
@@ -32,7 +32,7 @@ def sources_digest(root: Path = Path(__file__).resolve().parents[1]) -> str:
     another file changed would load its old machine code, the callee's old code inlined. One cache directory per
     state of the sources cannot serve such a mix."""
     h = hashlib.sha256()
-    for pkg in ("rest_lsp", "indexer"):
+    for pkg in ("restbase", "indexer", "rest_lsp"):
         for path in sorted((root / pkg).rglob("*.py")):
             st = path.stat()
             h.update(f"{path.relative_to(root).as_posix()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
