@@ -77,7 +77,7 @@ from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_fil
 from report import pct, write_json  # noqa: E402
 from typist import DEFAULT, RHYTHMS, Typist, accept_keys, accept_s, interval, worth_taking  # noqa: E402
 
-from rest_lsp.assets import gguf_path  # noqa: E402
+from restbase.assets import gguf_path  # noqa: E402
 from restbase.storage import cache_root  # noqa: E402
 
 DEBOUNCE_S = 0.150

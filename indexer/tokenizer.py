@@ -46,7 +46,7 @@ def load_tokenizer(name_or_path):
             return fast   # tagged already (detached_copy, or loaded here): keep its name and source
         return _tag(fast, tokenizer_name(name_or_path), tokenizer_source(name_or_path))
     if str(name_or_path).strip() in (EMBEDDED_NAME, "embedded"):
-        from rest_lsp import assets
+        from restbase import assets
 
         from .model_tokenizer import model_tokenizer_json
 

@@ -39,7 +39,7 @@ BOXES = {
     "indexer": (0.2, 2.2, 3.2, 2.0, "indexer/", ["Datastore: suffix-array shards",
                                                   "search(context) -> continuations",
                                                   "build, watch, live shards", "no torch"], "#e2f0d9"),
-    "storage": (3.2, 0.1, 6.4, 1.2, "restbase/ + rest_lsp/assets.py", ["cache root, file locks, atomic writes,",
+    "storage": (3.2, 0.1, 6.4, 1.2, "restbase/ + restbase/assets.py", ["cache root, file locks, atomic writes,",
                                                                        "compiled loops; the embedded model's files"],
                 "#f2f2f2"),
 }

@@ -10,7 +10,7 @@ REST's 2 tokens a step, README). So a model fits when
 
     max(step_ms, KEY_TOKENS * prompt_ms_per_token) + PAUSE_STEPS * step_ms <= PAUSE_BUDGET_MS
 
-with its figures at the precision it runs at, and `auto` takes the largest embedded model (rest_lsp/assets.py
+with its figures at the precision it runs at, and `auto` takes the largest embedded model (restbase/assets.py
 MODELS) that fits; the default, smallest one where none larger does (nothing smaller exists to fall back to).
 
 The figures are precision auto's own measurement of that model on this machine (rest_lsp/model/precision.py:
@@ -32,7 +32,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rest_lsp import assets
+from restbase import assets
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
     load_model(spec=None, device="auto", precision="auto") -> LoadedModel
 
 `spec` is one of
-    None                 the embedded Qwen2.5-Coder-0.5B-Instruct (rest_lsp/assets.py assembles its GGUF)
-    an embedded name     "qwen2.5-coder-0.5b" (also "embedded"), "qwen2.5-coder-1.5b": rest_lsp/assets.py MODELS
+    None                 the embedded Qwen2.5-Coder-0.5B-Instruct (restbase/assets.py assembles its GGUF)
+    an embedded name     "qwen2.5-coder-0.5b" (also "embedded"), "qwen2.5-coder-1.5b": restbase/assets.py MODELS
                          (an existing directory of that name wins: it is what a path means)
     a directory          a Hugging Face checkpoint (config.json + weights + tokenizer)
     a .gguf file         converted once into a safetensors directory in the user cache, then loaded from there
@@ -37,7 +37,7 @@ from .prompts import (FimFormat, RepoContext, build_prompt, context_limit, decod
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
            "int8w": torch.float32}
-EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"   # the default embedded model's title (rest_lsp/assets.py MODELS)
+EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"   # the default embedded model's title (restbase/assets.py MODELS)
 
 
 class ModelLoadError(RuntimeError):
@@ -189,7 +189,7 @@ def convert_gguf(gguf: str | Path, dest: Path | None = None, *,
 def embedded_model_dir(model: str | None = None) -> Path:
     """An embedded model (None: the default) as a safetensors directory in the cache (assembling and
     converting on first use)."""
-    from rest_lsp.assets import EmbeddedModelError, converted_dir, gguf_path
+    from restbase.assets import EmbeddedModelError, converted_dir, gguf_path
 
     try:
         gguf = gguf_path(model)
@@ -230,8 +230,8 @@ def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
 
 
 def embedded_model(spec: str | os.PathLike | None):
-    """The rest_lsp.assets.EmbeddedModel a model spec names (None: the default), or None for a path or hub id."""
-    from rest_lsp import assets
+    """The restbase.assets.EmbeddedModel a model spec names (None: the default), or None for a path or hub id."""
+    from restbase import assets
 
     return assets.get(None) if spec is None else assets.lookup(os.fspath(spec))
 

@@ -25,7 +25,7 @@ PATH_KEYS = frozenset({"model", "cache_dir", "request_log", "corpus"})
 @dataclass
 class ServerConfig:
     model: str | None = None            # None: the embedded Qwen2.5-Coder-0.5B; an embedded model's name
-                                        # (rest_lsp/assets.py MODELS: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b);
+                                        # (restbase/assets.py MODELS: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b);
                                         # "auto" (rest_lsp/model/choice.py); a model dir / .gguf / hub id
     device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" (mps: refused at load)
     precision: str = "auto"             # "auto" | "fp32" | "int8" | "int8w" | "bf16" | "fp16"

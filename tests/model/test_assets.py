@@ -1,4 +1,4 @@
-"""rest_lsp/assets.py: the embedded models' registry, and assembling a model from data wheels (fake, small
+"""restbase/assets.py: the embedded models' registry, and assembling a model from data wheels (fake, small
 parts and a fake sha256 here: nothing is downloaded); the cache root."""
 import dataclasses
 import hashlib
@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from rest_lsp import assets
+from restbase import assets
 from restbase import storage
 
 DEFAULT = assets.MODELS[assets.DEFAULT_MODEL]
@@ -223,7 +223,7 @@ def test_a_failed_download_is_a_clear_error_that_writes_nothing(tmp_path, monkey
 
 
 def test_no_torch_import():
-    code = ("import sys, rest_lsp.assets, restbase.storage; "
+    code = ("import sys, restbase.assets, restbase.storage; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

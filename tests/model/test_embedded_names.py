@@ -3,7 +3,7 @@ before loading; an existing directory of the same name stays a path. A tiny mode
 files (nothing is downloaded)."""
 import pytest
 
-from rest_lsp import assets
+from restbase import assets
 from rest_lsp.model import host
 
 

@@ -89,7 +89,7 @@ def machine(tmp_path, monkeypatch, tiny_model_dir):
     loads the tiny model (under the embedded model's name), and the precision timings are a stand-in's."""
     import dataclasses
 
-    from rest_lsp import assets
+    from restbase import assets
     from rest_lsp.model import fast, host
 
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
@@ -122,7 +122,7 @@ def machine(tmp_path, monkeypatch, tiny_model_dir):
 
 
 def _measure(load, timer, name):
-    from rest_lsp import assets
+    from restbase import assets
     from rest_lsp.model.precision import run_to_end
 
     return run_to_end(choice.measure(name, load=load, timer=timer(assets.get(name).title)))

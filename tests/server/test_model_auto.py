@@ -32,7 +32,7 @@ def test_the_command_line_takes_them_too():
 def machine(tmp_path, monkeypatch, tiny_model):
     """Both embedded models converted in a tmp cache (each loads the tiny model under its own title), a CPU
     with native bf16, precision timings from `figures` (per precision, whichever model is timed)."""
-    from rest_lsp import assets
+    from restbase import assets
     from rest_lsp.model import fast, host, precision
 
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
