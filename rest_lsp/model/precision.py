@@ -464,9 +464,6 @@ class LiveCheck:
     def due(self) -> bool:
         return self.action == "pending"
 
-    def machine_allows(self, model_bytes: int) -> str | None:
-        return machine_allows(model_bytes)
-
     def remeasure(self, load_fp32: Callable[[], object], *, timer: Timer | None = None) -> Generator[None, None, dict | None]:
         """The re-measurement, one forward per step (load_fp32: the model again, in fp32); caches its result."""
         self.action = "measuring"

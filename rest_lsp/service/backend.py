@@ -12,7 +12,7 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rest_lsp.filenames import safe_filename
 from rest_lsp.model.prompts import RepoContext
@@ -241,12 +241,14 @@ class EngineBackend:
         check = self.precision_check
         if check is None or not check.due:
             return self._model_auto_work()
+        from rest_lsp.model import precision
+        from rest_lsp.model.host import load_model
+
         fp32_bytes = 4 * sum(t.numel() for t in (*self.loaded.model.parameters(), *self.loaded.model.buffers()))
-        busy = check.machine_allows(fp32_bytes)
+        busy = precision.machine_allows(fp32_bytes)
         if busy is not None:
             check.reason = f"re-measurement postponed: {busy}"
             return None  # asked again after the next job
-        from rest_lsp.model.host import load_model
 
         spec = self.model_spec
         return check.remeasure(lambda: load_model(spec, device="cpu", precision="fp32"))
@@ -257,9 +259,9 @@ class EngineBackend:
         if not name or self._model_measured:
             return None
         from rest_lsp.model import choice as model_choice
-        from rest_lsp.model.precision import machine_allows
+        from rest_lsp.model import precision
 
-        busy = machine_allows(model_choice.fp32_bytes(name))
+        busy = precision.machine_allows(model_choice.fp32_bytes(name))
         if busy is not None:
             choice["measuring"] = f"{name}: postponed ({busy})"
             return None  # asked again after the next job

@@ -72,23 +72,14 @@ class Scheduler:
         """Compute the prompt at the cursor (nothing decoded), at WARM priority; a newer warm-up replaces it."""
         for job in self.worker.jobs(key=uri, kind="warm"):
             self.worker.stop(job, "superseded")  # a running one stops after its chunk; what it computed stays
-        cfg, stats = self._settings(), self.stats
         sel = self._block_of(uri)
-        repo = sel.repo if sel is not None else None
-        anchor = self.anchor(uri, ctx)
+        stats = self.stats
 
-        def warm(backend):
-            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=repo)
-            try:
-                while not run.done:
-                    backend.advance(run)
-                    yield
-            finally:
-                backend.stop(run, "stopped")
-                f = backend.figures(run)
-                stats.count("warm_tokens", f.get("computed_tokens", 0))
-                stats.count("warm_forwards", f.get("forwards", 0))
+        def counted(f: dict) -> None:
+            stats.count("warm_tokens", f.get("computed_tokens", 0))
+            stats.count("warm_forwards", f.get("forwards", 0))
 
+        warm = self._prompt_only(uri, ctx, self.anchor(uri, ctx), sel.repo if sel is not None else None, counted)
         stats.count("warmups")
         self.worker.submit(Job(uri, warm, kind="warm", priority=WARM))
 
@@ -98,23 +89,33 @@ class Scheduler:
         `promote` runs once it is computed, `withdraw` when the job ends without that (stopped, dropped)."""
         for job in self.worker.jobs(key=uri, kind="context"):
             self.worker.stop(job, "superseded")
-        cfg, stats = self._settings(), self.stats
-        anchor = self.kept_anchor(uri)
+        stats = self.stats
+        warm = self._prompt_only(uri, ctx, self.kept_anchor(uri), sel.repo,
+                                 lambda f: stats.count("context_warm_tokens", f.get("computed_tokens", 0)),
+                                 then=promote)
+        job = Job(uri, warm, kind="context", priority=AHEAD)
+        job.future.add_done_callback(lambda f: withdraw())
+        self.worker.submit(job)
+
+    def _prompt_only(self, uri: str, ctx: CompletionContext, anchor: int | None, repo,
+                     counted: Callable[[dict], None], then: Callable[[], None] | None = None):
+        """A job computing a prompt without decoding, one chunk per step; `counted(figures)` when it ends,
+        `then()` only once the whole prompt is computed."""
+        cfg = self._settings()
 
         def warm(backend):
-            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=sel.repo)
+            run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=repo)
             try:
                 while not run.done:
                     backend.advance(run)
                     yield
-                promote()
+                if then is not None:
+                    then()
             finally:
                 backend.stop(run, "stopped")
-                stats.count("context_warm_tokens", backend.figures(run).get("computed_tokens", 0))
+                counted(backend.figures(run))
 
-        job = Job(uri, warm, kind="context", priority=AHEAD)
-        job.future.add_done_callback(lambda f: withdraw())
-        self.worker.submit(job)
+        return warm
 
     # -- predictions ----------------------------------------------------------------------------------
     def prediction_for(self, uri: str, ctx: CompletionContext) -> tuple[Prediction, str]:

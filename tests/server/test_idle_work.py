@@ -105,7 +105,7 @@ def tiny_backend(tiny_model, tmp_path, monkeypatch):
     return backend, figures
 
 
-def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_when_idle(tiny_backend):
+def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_when_idle(tiny_backend, monkeypatch):
     from rest_lsp.engine.generate import GenerationConfig
     from rest_lsp.model import precision
     from rest_lsp.service.backend import CompletionRun
@@ -128,10 +128,10 @@ def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_
     assert stats["verdict"] == "disagrees" and stats["action"] == "pending" and stats["cached_step_ms"] == 97.6
     figures.update(fp32=66.2, bf16=43.5)  # the machine is quiet now
     # a machine short of memory or busy with another process postpones it: nothing is loaded, still pending
-    check.machine_allows = lambda model_bytes: "the machine is busy (load 3.0)"
+    monkeypatch.setattr(precision, "machine_allows", lambda model_bytes: "the machine is busy (load 3.0)")
     assert backend.idle_work() is None and check.due
     assert backend.describe()["precision_check"]["reason"] == "re-measurement postponed: the machine is busy (load 3.0)"
-    check.machine_allows = lambda model_bytes: None
+    monkeypatch.setattr(precision, "machine_allows", lambda model_bytes: None)
     work = backend.idle_work()
     assert work is not None
     data = precision.run_to_end(work)
@@ -144,10 +144,9 @@ def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_
 def test_a_remeasurement_needs_memory_for_the_model_in_fp32_and_its_copies(monkeypatch):
     from rest_lsp.model import precision
 
-    check = precision.LiveCheck.__new__(precision.LiveCheck)
     monkeypatch.setattr(precision.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     avail = int(next(ln.split()[1] for ln in open("/proc/meminfo") if ln.startswith("MemAvailable:"))) * 1024
-    assert check.machine_allows(avail // (2 * precision.REMEASURE_MEMORY_FACTOR)) is None
-    assert "needed" in check.machine_allows(avail // precision.REMEASURE_MEMORY_FACTOR + (1 << 30))
+    assert precision.machine_allows(avail // (2 * precision.REMEASURE_MEMORY_FACTOR)) is None
+    assert "needed" in precision.machine_allows(avail // precision.REMEASURE_MEMORY_FACTOR + (1 << 30))
     monkeypatch.setattr(precision.os, "getloadavg", lambda: (64.0, 0.0, 0.0))
-    assert "busy" in check.machine_allows(1)
+    assert "busy" in precision.machine_allows(1)
