@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_exact.py: no CUDA device here (use --device cpu to try the script)", file=sys.stderr)
         return 2
-    from rest_lsp.model.tiny import make_tiny_codellama_dir, make_tiny_model_dir
+    from testmodels.tiny import make_tiny_codellama_dir, make_tiny_model_dir
 
     kinds = [k for k in args.kinds.split(",") if k]
     cases = fim_cases(args.prompts)

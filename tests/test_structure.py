@@ -1,6 +1,6 @@
 """The package's shape, checked from the source (ast, nothing imported): no import cycles among the modules
-of restbase, indexer and rest_lsp, the ground floor (restbase, indexer) never importing rest_lsp, and no module
-reaching into another module's underscore names."""
+of restbase, indexer and rest_lsp, the ground floor (restbase, indexer) never importing rest_lsp, none of them
+importing the test support (testmodels), and no module reaching into another module's underscore names."""
 from __future__ import annotations
 
 import ast
@@ -10,7 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("restbase", "indexer", "rest_lsp")
 # code outside the packages that uses them (the tests may poke at internals; these may not)
-USERS = ("benchmarks", "scripts")
+USERS = ("benchmarks", "scripts", "testmodels")
+# test support at the repository root: the tests' tiny models, never shipped, never used by the packages
+TEST_SUPPORT = "testmodels"
 
 
 # ---------------------------------------------------------------------------------------- the import graph
@@ -131,7 +133,9 @@ ALLOWED = {
     "rest_lsp.service": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},
     "rest_lsp.bench": _BASE | {"rest_lsp.engine", "rest_lsp.model", "indexer"},
     "rest_lsp.server": {"rest_lsp.documents", "rest_lsp.service"},
-    "rest_lsp.cli": {"rest_lsp.bench", "rest_lsp.server", "rest_lsp.service", "rest_lsp.transport"},
+    "rest_lsp.cli": {"rest_lsp.bench", "rest_lsp.server", "rest_lsp.service", "rest_lsp.transport", "rest_lsp.team"},
+    # the team server (vLLM's REST proposer and its launcher); its editor-side client is in rest_lsp.service
+    "rest_lsp.team": _BASE | {"restbase.assets", "rest_lsp.engine", "rest_lsp.model", "rest_lsp.service", "indexer"},
 }
 
 
@@ -183,6 +187,55 @@ def test_upward_import_check_can_fail(tmp_path):
     graph = import_graph(package_modules(tmp_path))
     assert upward_imports(graph) == ["indexer.store -> rest_lsp.engine", "indexer.tokenizer -> rest_lsp.assets",
                                      "restbase.jit -> rest_lsp.engine"]
+
+
+# The production packages never use the test support: testmodels/ is not in the wheel, so an import of it (or
+# `python -m testmodels...` spawned) would work in the repository and fail where the package is installed.
+def uses_of_test_support(mods: dict[str, Path], root: Path = REPO) -> list[str]:
+    """Imports of TEST_SUPPORT in the modules (function-level ones too), and string constants naming it (a
+    `-m testmodels.tiny` command line, an importlib name)."""
+    found = []
+    for m, path in mods.items():
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [_absolute(m, path.name == "__init__.py", node)]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            else:
+                continue
+            found += [f"{rel}:{node.lineno}: {n}" for n in names
+                      if n == TEST_SUPPORT or n.startswith(TEST_SUPPORT + ".")]
+    return found
+
+
+def test_the_packages_never_import_the_test_models():
+    mods = package_modules()
+    assert "rest_lsp.model.host" in mods and "indexer.store" in mods and "restbase.jit" in mods
+    assert (REPO / TEST_SUPPORT / "tiny.py").is_file()   # what the rule keeps out, where the tests find it
+    assert TEST_SUPPORT not in {m.split(".")[0] for m in mods}
+    found = uses_of_test_support(mods)
+    assert not found, f"restbase, indexer and rest_lsp must not use the test support {TEST_SUPPORT}/:\n" + \
+        "\n".join(found)
+
+
+def test_test_support_check_can_fail(tmp_path):
+    """Module-level and function-level imports and a `-m` command line planted in a copy of the packages are
+    found; names that only start with the same letters are not."""
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "rest_lsp" / "model").mkdir()
+    (tmp_path / "rest_lsp" / "model" / "__init__.py").write_text("")
+    (tmp_path / "rest_lsp" / "model" / "host.py").write_text("def f():\n    from testmodels.tiny import x\n")
+    (tmp_path / "indexer" / "store.py").write_text("import testmodels\n")
+    (tmp_path / "restbase" / "jit.py").write_text("CMD = ['python', '-m', 'testmodels.tiny']\n")
+    (tmp_path / "rest_lsp" / "cli.py").write_text("import testmodelsx\nNAME = 'testmodels_like'\n")
+    found = sorted(uses_of_test_support(package_modules(tmp_path), tmp_path))
+    assert found == ["indexer/store.py:1: testmodels", "rest_lsp/model/host.py:2: testmodels.tiny",
+                     "restbase/jit.py:1: testmodels.tiny"]
 
 
 def test_cycle_finder_finds_a_cycle(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("bench-tiny") / "model", seed=0)
 
@@ -46,6 +46,6 @@ def prompts_file(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_codellama_dir(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_codellama_dir
+    from testmodels.tiny import make_tiny_codellama_dir
 
     return make_tiny_codellama_dir(tmp_path_factory.mktemp("bench-codellama") / "model", seed=0)

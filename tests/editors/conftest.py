@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("editors-model") / "tiny"
-    subprocess.run([sys.executable, "-m", "rest_lsp.model.tiny", str(out)], check=True,
+    # testmodels/ (test support) is not installed: python -m finds it from the repository root
+    subprocess.run([sys.executable, "-m", "testmodels.tiny", str(out)], check=True, cwd=REPO,
                    capture_output=True, timeout=300)
     return out
 

@@ -7,14 +7,14 @@ from typing import Iterable
 import torch
 
 from rest_lsp.engine.sources import DraftSource
-from rest_lsp.model.tiny import tiny_causal_lm
+from testmodels.tiny import tiny_causal_lm
 
 VOCAB = 64
 
 
 @functools.lru_cache(maxsize=None)
 def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
-    """rest_lsp.model.tiny's random model, shared between tests (never modified), with no end token."""
+    """testmodels.tiny's random model, shared between tests (never modified), with no end token."""
     model = tiny_causal_lm(kind, seed=seed, vocab_size=vocab, layers=layers)
     model.generation_config.eos_token_id = None
     return model

@@ -24,7 +24,7 @@ N = 40
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     from rest_lsp.model.host import load_model
-    from rest_lsp.model.tiny import make_tiny_codellama_dir
+    from testmodels.tiny import make_tiny_codellama_dir
 
     return load_model(make_tiny_codellama_dir(tmp_path_factory.mktemp("cl") / "model"), device="cpu")
 

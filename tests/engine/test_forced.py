@@ -11,7 +11,7 @@ N = 16
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     from rest_lsp.model.host import load_model
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("forced") / "m", seed=3), device="cpu",
                       precision="fp32")

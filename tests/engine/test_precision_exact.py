@@ -23,7 +23,7 @@ PROMPT = "def moving_average(values, window):\n    total = 0\n    for i, v in en
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-precision") / "model", seed=0)
 

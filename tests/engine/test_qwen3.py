@@ -20,7 +20,7 @@ N = 32
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("q3") / "model", seed=1, arch="qwen3")
 

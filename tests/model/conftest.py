@@ -4,7 +4,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Qwen2-architecture model with a trained BPE tokenizer carrying Qwen's FIM tokens."""
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
@@ -19,7 +19,7 @@ def tiny_tokenizer(tiny_model_dir):
 @pytest.fixture(scope="session")
 def tiny_codellama_dir(tmp_path_factory):
     """A tiny random Llama model in CodeLlama's layout: 32,016-id vocabulary, its infill tokens and hub files."""
-    from rest_lsp.model.tiny import make_tiny_codellama_dir
+    from testmodels.tiny import make_tiny_codellama_dir
 
     return make_tiny_codellama_dir(tmp_path_factory.mktemp("tiny-codellama") / "model", seed=0)
 

@@ -13,7 +13,7 @@ from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
 from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
                                  sdpa_row_invariant)
 from rest_lsp.model.int8weight import weight_int8_exact
-from rest_lsp.model.tiny import tiny_causal_lm
+from testmodels.tiny import tiny_causal_lm
 
 VOCAB = 96
 

@@ -27,7 +27,7 @@ def rest_index(*args, env):
 @pytest.fixture(scope="module")
 def named(tiny_codellama_dir, tmp_path_factory):
     """The tiny CodeLlama as a directory, as a real .gguf file and as a hub id in an offline hub cache."""
-    from rest_lsp.model.tiny import install_in_hub_cache, write_llama_gguf
+    from testmodels.tiny import install_in_hub_cache, write_llama_gguf
 
     tmp = tmp_path_factory.mktemp("named")
     gguf = write_llama_gguf(tiny_codellama_dir, tmp / "tiny-codellama.gguf")

@@ -10,7 +10,7 @@ from rest_lsp.model.int8weight import weight_int8_exact
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from rest_lsp.model.host import load_model
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("prec") / "m"), device="cpu", precision="fp32")
 

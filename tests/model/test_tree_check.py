@@ -11,7 +11,7 @@ import torch
 
 from rest_lsp.engine.verifier import HFVerifier
 from rest_lsp.model.fast import bf16_packing_available
-from rest_lsp.model.tiny import tiny_causal_lm
+from testmodels.tiny import tiny_causal_lm
 from rest_lsp.model.verifiers import check_tree_rows, make_verifier_or_eager
 
 TOKENS = list(range(5, 40))
@@ -130,7 +130,7 @@ def _patch_verifier(monkeypatch, skew):
 @pytest.mark.parametrize("skew", ["none", "tree"])
 def test_the_daemon_decodes_plainly_where_the_check_fails_and_says_why(tmp_path, monkeypatch, caplog, skew):
     from rest_lsp.model.host import load_model
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
     from rest_lsp.service.backend import EngineBackend
     from rest_lsp.service.config import ServerConfig, check_against_model
     from rest_lsp.service.datastores import DatastoreSet

@@ -61,7 +61,7 @@ class Session(Server):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
 
@@ -111,6 +111,6 @@ async def user_cache_session(tmp_path):
 @pytest.fixture(scope="session")
 def tiny_codellama(tmp_path_factory) -> Path:
     """The tiny Llama model in CodeLlama's layout (32,016 ids, its infill tokens, hub-style tokenizer files)."""
-    from rest_lsp.model.tiny import make_tiny_codellama_dir
+    from testmodels.tiny import make_tiny_codellama_dir
 
     return make_tiny_codellama_dir(tmp_path_factory.mktemp("tiny-codellama") / "model")

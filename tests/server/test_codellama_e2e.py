@@ -65,7 +65,7 @@ async def test_codellama_daemon_indexes_in_its_own_tokenizer_and_completes(sessi
 
 
 def test_complete_with_a_hub_id_offline(tiny_codellama, tmp_path, shared_cache):
-    from rest_lsp.model.tiny import install_in_hub_cache
+    from testmodels.tiny import install_in_hub_cache
 
     install_in_hub_cache(tiny_codellama, tmp_path / "hub", "tiny-org/tiny-codellama")
     ws = tmp_path / "ws"

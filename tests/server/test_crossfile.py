@@ -10,7 +10,7 @@ from indexer.discover import Filters
 from indexer.locate import Locator
 from indexer.store import Datastore
 from rest_lsp.model.prompts import REPO_TOKENS, RepoContext, build_prompt, detect_fim, repo_block
-from rest_lsp.model.tiny import train_tokenizer
+from testmodels.tiny import train_tokenizer
 from rest_lsp.service.crossfile import (ContextKeeper, Cursor, RecentRing, RepoView, class_outline, names_near,
                                         select)
 

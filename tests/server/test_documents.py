@@ -128,7 +128,7 @@ def test_columns_past_the_line_and_astral_characters():
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer():
-    from rest_lsp.model.tiny import train_tokenizer
+    from testmodels.tiny import train_tokenizer
 
     return train_tokenizer()
 

@@ -40,7 +40,7 @@ def test_typing_a_word_leaves_the_prompt_unchanged_and_psm_changes_at_every_key(
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("layout") / "m")
 

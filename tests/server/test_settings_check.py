@@ -45,7 +45,7 @@ def test_a_verifier_that_rounds_tree_rows_otherwise_is_said():
 
 def test_an_engine_backend_states_its_limits(tmp_path, monkeypatch):
     from rest_lsp.model.host import load_model
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
     from rest_lsp.service.backend import EngineBackend
     from rest_lsp.service.datastores import DatastoreSet
 

@@ -33,7 +33,7 @@ ANY = st.one_of(
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from rest_lsp.model.tiny import make_tiny_model_dir
+    from testmodels.tiny import make_tiny_model_dir
 
     tmp = tmp_path_factory.mktemp("settings")
     problems: list[str] = []

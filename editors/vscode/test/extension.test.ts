@@ -167,7 +167,8 @@ const missing = fs.existsSync(SERVER) ? undefined : `rest-lsp is not installed a
 test("activated against the real server: status, inline completions, toggle, settings, statistics", { skip: missing, timeout: 240_000 }, async () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-ext-"));
   const model = path.join(tmp, "model");
-  execFileSync(PYTHON, ["-m", "rest_lsp.model.tiny", model], { stdio: "ignore" });
+  // testmodels/ (test support) is not installed: python -m finds it from the repository root
+  execFileSync(PYTHON, ["-m", "testmodels.tiny", model], { cwd: REPO, stdio: "ignore" });
   const ws = path.join(tmp, "ws");
   fs.mkdirSync(ws);
   const text = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n";

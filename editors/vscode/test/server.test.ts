@@ -27,7 +27,8 @@ const missing = !isExecutable(PYTHON)
 test("the extension's launch talks LSP inline completion with the real server", { skip: missing, timeout: 180_000 }, async () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rest-lsp-vscode-"));
   const model = path.join(tmp, "model");
-  execFileSync(PYTHON, ["-m", "rest_lsp.model.tiny", model], { stdio: "inherit" });
+  // testmodels/ (test support) is not installed: python -m finds it from the repository root
+  execFileSync(PYTHON, ["-m", "testmodels.tiny", model], { cwd: REPO, stdio: "inherit" });
   const ws = path.join(tmp, "workspace");
   fs.mkdirSync(ws);
   const text = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    \n";

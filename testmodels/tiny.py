@@ -14,7 +14,9 @@ checkpoint but builds in a second without a download. Two families:
 The tokenizers are trained on a few standard-library sources; the weights are random, so outputs are
 deterministic but meaningless.
 
-    python -m rest_lsp.model.tiny DIR [--seed N] [--family qwen|codellama]
+Test support (the `testmodels` package at the repository root), not shipped in the wheel; run from the root:
+
+    python -m testmodels.tiny DIR [--seed N] [--family qwen|qwen3|codellama]
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def tiny_causal_lm(arch: str = "qwen2", *, seed: int = 0, vocab_size: int = 64, 
     import torch
     import transformers
 
-    from .ops import SUPPORTED_ARCHS  # here: the tokenizer builders above need no torch
+    from rest_lsp.model.ops import SUPPORTED_ARCHS  # here: the tokenizer builders above need no torch
 
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"tiny model: arch must be one of {', '.join(SUPPORTED_ARCHS)}, got {arch!r}")
