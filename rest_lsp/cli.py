@@ -5,6 +5,7 @@
                [--exit-on-disconnect]                   (docs/daemon.md, "Serving over TCP")
     rest-lsp complete PATH:LINE:COL [--workspace DIR] [--json] [--compare]   (LINE and COL count from 1)
     rest-lsp bench ... / rest-lsp replay ...   (rest_lsp.bench.cli; see docs/bench.md)
+    rest-lsp team-server ...                   vLLM with REST drafts for many editors (rest_lsp/team; docs/team.md)
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from rest_lsp.service.config import PRECISIONS  # the settings check's list (rest_lsp.model, torch-free)
 
-SUBCOMMANDS = ("complete", "bench", "replay")
+SUBCOMMANDS = ("complete", "bench", "replay", "team-server")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -28,11 +29,13 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None, help=f"{' | '.join(PRECISIONS)} (default auto)")
     p.add_argument("--corpus", default=None, help="a datastore built with rest-index")
     p.add_argument("--cache-dir", default=None, help="where workspace datastores go (default: user cache)")
+    p.add_argument("--server", default=None, help="a team server's URL (rest-lsp team-server): decode there, the "
+                                                  "key from $REST_LSP_TEAM_KEY (docs/team.md)")
 
 
 def _settings(args: argparse.Namespace) -> dict:
     keys = ("model", "device", "precision", "corpus", "cache_dir", "max_tokens", "max_lines",
-            "time_budget_ms", "draft_budget")
+            "time_budget_ms", "draft_budget", "server")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "where", None) is not None:  # the one-shot completion waits for its whole answer
         out.update(prompt_budget_ms=0, predict_budget_ms=0, warm_up=False, predict_ahead=False)
@@ -236,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         cmd, rest = argv[0], argv[1:]
-        code = complete(rest) if cmd == "complete" else _bench(cmd, rest)
+        if cmd == "team-server":
+            from .team.server import main as team_server
+
+            code = team_server(rest)
+        else:
+            code = complete(rest) if cmd == "complete" else _bench(cmd, rest)
     else:
         code = serve(argv)
     return code

@@ -286,6 +286,68 @@ def write_llama_gguf(model_dir: str | Path, out: str | Path) -> Path:
     return out
 
 
+def random_q4k_blocks(rows: int, cols: int, rng, spread: float = 0.3):
+    """Random Q4_K tensor bytes [rows, cols/256*144]: random 4-bit values and 6-bit scales and mins, the fp16
+    super-block scales set so the weights spread about +-`spread` (a random model that does not repeat one token)."""
+    import numpy as np
+
+    raw = rng.integers(0, 256, (rows, cols // 256 * 144), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, 144)
+    d = np.array([2 * spread / (15 * 63)], np.float16).view(np.uint8)  # d*sc*q reaches 2*spread at most
+    dmin = np.array([spread / 63], np.float16).view(np.uint8)         # dmin*m reaches spread at most
+    blocks[..., 0:2], blocks[..., 2:4] = d, dmin
+    return raw
+
+
+# transformers' names of a decoder layer's projections -> llama.cpp's
+_GGUF_LEAVES_QWEN = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                     "mlp.down_proj": "ffn_down"}
+
+
+def make_tiny_q4k_model(path: str | Path, *, seed: int = 0, q8_layers: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A Qwen2 model directory whose projections and LM head are what random Q4_K blocks decode to, and the
+    GGUF holding those blocks under llama.cpp's names (what a Q4_K_M embedded model and its converted copy are
+    to each other) -> (model directory, GGUF). Hidden 256, MLP 512 (Q4_K's 256-weight super-blocks), 2 layers.
+    `q8_layers`: module names ("model.layers.1.self_attn.v_proj") stored as Q8_0 instead (a Q4_K_M's Q6_K
+    layers: the path that takes int8 for them). Decoding uses gguf's own dequantization, not rest-lsp's."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(512)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(tiny_config(len(tokenizer), hidden=256)).eval()
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path.with_suffix(".gguf")), "qwen2")
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if not isinstance(mod, torch.nn.Linear):
+                continue
+            n, k = mod.weight.shape
+            tname = "output.weight" if name == "lm_head" else \
+                f"blk.{name.split('.')[2]}.{_GGUF_LEAVES_QWEN['.'.join(name.split('.')[3:])]}.weight"
+            if name in q8_layers:
+                qtype = gguf.GGMLQuantizationType.Q8_0
+                raw = gguf.quants.quantize(mod.weight.numpy(), qtype)
+            else:
+                qtype = gguf.GGMLQuantizationType.Q4_K
+                raw = random_q4k_blocks(n, k, rng)
+            mod.weight.copy_(torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k)))
+            w.add_tensor(tname, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, path.with_suffix(".gguf")
+
+
 def install_in_hub_cache(model_dir: str | Path, hub_cache: str | Path, repo_id: str) -> Path:
     """Lay a model directory out as the Hugging Face hub cache holds a downloaded repository
     (`models--org--name/refs/main` naming a snapshot), so that with HF_HUB_OFFLINE=1 and HF_HUB_CACHE set the

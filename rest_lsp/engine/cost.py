@@ -7,7 +7,6 @@ c(q) is measured once per model/precision/device/verifier and cached in the user
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path

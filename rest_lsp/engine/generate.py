@@ -162,6 +162,11 @@ class Engine:
         self.precision = str(next(self.model.parameters()).dtype) if bare else getattr(loaded, "precision", "")
         self.verifier: Verifier = verifier or HFVerifier(self.model, None if bare else getattr(loaded, "device", None))
         self.vocab_size: int = int(self.model.config.vocab_size)
+        # quantized layers (int8w, int4w) compute calls of more than MAX_ROWS rows on their float weights:
+        # a tree within that verifies on the products plain decoding uses, and stays exact
+        rows = min((int(m.MAX_ROWS) for m in self.model.modules() if hasattr(m, "MAX_ROWS")), default=None)
+        if rows is not None:
+            max_draft_nodes = min(max_draft_nodes, rows - 1)
         self.drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
                                acceptance_lr=acceptance_lr, vocab_size=self.vocab_size)
         if self.drafter:  # the drafting's compiled loops now, not in the first completion (seconds, once)

@@ -20,8 +20,8 @@ kinds
     auto      screened where the CPU has native bf16 dot products, else packed; eager where the model is
               not supported (architecture other than Qwen2/Llama, not on a CPU)
 
-An int8 model (rest_lsp/model/int8row.py: per-row W8A8; int8weight.py: weight-only int8 with bf16 products)
-runs its own quantized modules here, q/k/v and gate/up fused (bit-identical to the separate products), its
+An int8 or int4 model (rest_lsp/model/int8row.py: per-row W8A8; int8weight.py: weight-only int8 with bf16
+products; int4weight.py: the GGUF's 4-bit blocks, the rest int8w) runs its own quantized modules here, q/k/v and gate/up fused (bit-identical to the separate products), its
 int8 LM head as is (exact logits at that precision, so no screening); `packed`, `screened` and `auto` all give
 that path.
 
@@ -42,12 +42,12 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear
-from .int8weight import Int8WeightLinear
+from .int4weight import WEIGHT_ONLY, fuse_weight_only
 from .ops import (MLP_GATED, SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_act, mlp_names, norm,
                   norm_params, rope)
 
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-QUANTIZED = (Int8RowLinear, Int8WeightLinear)  # int8 linear layers the fast verifier runs as they are
+QUANTIZED = (Int8RowLinear, *WEIGHT_ONLY)  # quantized linear layers the fast verifier runs as they are
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
@@ -81,7 +81,7 @@ def _check_supported(model: Any) -> None:
     if not params or any(p.device.type != "cpu" for p in params):
         raise UnsupportedModel("fast verifier: CPU models only")
     if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
-        raise UnsupportedModel("fast verifier: fp32, bf16 or int8 (Int8RowLinear, Int8WeightLinear) weights only")
+        raise UnsupportedModel("fast verifier: fp32, bf16, int8 or int4 (rest-lsp's own modules) weights only")
     if any(p.dtype == torch.bfloat16 for p in params) and not bf16_packing_available():
         raise UnsupportedModel(f"fast verifier: bf16 weights {_NO_BF16}")
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -132,12 +132,13 @@ def _cat_bias(*mods) -> torch.Tensor | None:
                       for b, m in zip(biases, mods)])
 
 
-def _int8_weight(packed: bool, min_rows: int, *mods: Int8WeightLinear) -> Int8WeightLinear:
-    """The layers' int8 products fused, and their float layers (prompt chunks) fused into one packed Dense."""
+def _weight_only(packed: bool, min_rows: int, *mods: torch.nn.Module) -> torch.nn.Module:
+    """The layers' weight-only products fused (int8w, int4w), and their float layers (prompt chunks) fused into
+    one packed Dense."""
     wides = [m.wide for m in mods]
     wide = None if any(w is None for w in wides) else \
         Dense(torch.cat([w.weight for w in wides]), _cat_bias(*wides), packed, min_rows)
-    return Int8WeightLinear.fuse(*mods, wide=wide)
+    return fuse_weight_only(*mods, wide=wide)
 
 
 class Norm(torch.nn.Module):
@@ -175,12 +176,12 @@ class Layer(torch.nn.Module):
             self.mlp_in: torch.nn.Module = Int8RowLinear.fuse(*mlp_in) if self.gated else mlp_in[0]
             self.down: torch.nn.Module = mlp_out
             return
-        if isinstance(a.q_proj, Int8WeightLinear):
-            # int8 weights for verification, their float layers packed for prompt chunks
-            self.qkv = _int8_weight(packed, min_rows, a.q_proj, a.k_proj, a.v_proj)
-            self.o = _int8_weight(packed, min_rows, a.o_proj)
-            self.mlp_in = _int8_weight(packed, min_rows, *mlp_in)
-            self.down = _int8_weight(packed, min_rows, mlp_out)
+        if isinstance(a.q_proj, WEIGHT_ONLY):
+            # int8/int4 weights for verification, their float layers packed for prompt chunks
+            self.qkv = _weight_only(packed, min_rows, a.q_proj, a.k_proj, a.v_proj)
+            self.o = _weight_only(packed, min_rows, a.o_proj)
+            self.mlp_in = _weight_only(packed, min_rows, *mlp_in)
+            self.down = _weight_only(packed, min_rows, mlp_out)
             return
         self.qkv = Dense(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                          _cat_bias(a.q_proj, a.k_proj, a.v_proj), packed, min_rows)

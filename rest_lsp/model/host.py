@@ -14,7 +14,8 @@ Device "auto" is CUDA when available, else CPU. Precision "auto" is bf16 on CUDA
 no bf16) and fp32 on CPU; "int8" (CPU only) replaces the decoder's nn.Linear layers and the LM head by per-row
 W8A8 int8 products (rest_lsp/model/int8row.py: batch-invariant, so speculation stays exact), activations fp32;
 "int8w" (CPU only) by weight-only int8 with bf16 products (rest_lsp/model/int8weight.py: a quarter of fp32's
-bytes per step, activations otherwise fp32, batch-invariant too).
+bytes per step, activations otherwise fp32, batch-invariant too); "int4w" (CPU only, a GGUF model) by the
+GGUF's own Q4_K blocks as 4-bit products, its other layers as int8w (rest_lsp/model/int4weight.py).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from .prompts import (FimFormat, RepoContext, build_prompt, context_limit, decod
                       stop_token_ids)
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32,
-           "int8w": torch.float32}
+           "int8w": torch.float32, "int4w": torch.float32}
 EMBEDDED_NAME = "Qwen2.5-Coder-0.5B-Instruct"   # the default embedded model's title (restbase/assets.py MODELS)
 
 
@@ -50,7 +51,7 @@ class LoadedModel:
     tokenizer: Any                 # transformers PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype             # activation dtype (fp32 for int8: norms, attention, embeddings)
-    precision: str                 # "fp32" | "int8" | "int8w" | "bf16" | "fp16"
+    precision: str                 # "fp32" | "int8" | "int8w" | "int4w" | "bf16" | "fp16"
     name: str
     fim: FimFormat | None
     path: Path | None = None       # the directory the weights were loaded from (None: hub cache)
@@ -59,6 +60,7 @@ class LoadedModel:
     # what indexer.tokenizer.load_tokenizer resolves to this tokenizer ("embedded", a directory, a hub id):
     # for `rest-index build --tokenizer` and records; in process, datastores take `indexer_tokenizer`
     tokenizer_source: str | None = None
+    gguf: Path | None = None       # the GGUF the weights were converted from (int4w reads its blocks)
 
     def build_prompt(self, prefix: str, suffix: str | None = None, *, middle: str = "", order: str = "psm",
                      max_new_tokens: int = 0, fim: bool = True, reserve: int = 32,
@@ -117,7 +119,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         return "fp32"
-    if precision in ("int8", "int8w") and device.type != "cpu":
+    if precision in ("int8", "int8w", "int4w") and device.type != "cpu":
         raise ModelLoadError(f"precision {precision} (int8 products on the CPU) runs on the CPU only; "
                              f"use bf16/fp16 on {device.type}")
     return precision
@@ -229,6 +231,21 @@ def _resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str | Path]:
     return "hub", s
 
 
+def gguf_source(spec: str | os.PathLike | None, kind: str) -> Path | None:
+    """The GGUF file a model spec was converted from (an embedded model's, or a .gguf path) where it is on disk;
+    None otherwise (nothing is fetched for it)."""
+    if kind == "embedded":
+        from restbase.assets import embedded_dir
+
+        m = embedded_model(spec)
+        if m is None:
+            return None
+        p = embedded_dir() / m.gguf_name
+        return p if p.is_file() and p.stat().st_size == m.size else None
+    p = Path(os.fspath(spec)).expanduser() if spec is not None else None
+    return p.resolve() if p is not None and p.is_file() and p.suffix.lower() == ".gguf" else None
+
+
 def embedded_model(spec: str | os.PathLike | None):
     """The restbase.assets.EmbeddedModel a model spec names (None: the default), or None for a path or hub id."""
     from restbase import assets
@@ -256,13 +273,26 @@ def _load_tokenizer(location, kind: str):
     return tokenizer
 
 
-def quantize(model, precision: str):
+QUANTIZED = ("int8", "int8w", "int4w")  # precisions that replace the linear layers (activations fp32)
+
+
+def quantize(model, precision: str, gguf: Path | None = None):
     """The decoder's linear layers and the LM head replaced in place: per-row W8A8 for "int8"
-    (rest_lsp/model/int8row.py), weight-only int8 for "int8w" (rest_lsp/model/int8weight.py)."""
+    (rest_lsp/model/int8row.py), weight-only int8 for "int8w" (rest_lsp/model/int8weight.py), the GGUF's
+    Q4_K blocks for "int4w" (rest_lsp/model/int4weight.py)."""
+    from .int4weight import quantize_from_gguf
     from .int8row import quantize_model
     from .int8weight import quantize_weights
 
     try:
+        if precision == "int4w":
+            if gguf is None:
+                raise ValueError("it reads a GGUF's 4-bit blocks, and this model was not loaded from a GGUF")
+            from .fast import cpu_has_bf16
+
+            # prompt chunks on the float layers: bf16 where the CPU multiplies it natively (2.4x fp32's speed)
+            quantize_from_gguf(model, gguf, torch.bfloat16 if cpu_has_bf16() else torch.float32)
+            return model
         return (quantize_model if precision == "int8" else quantize_weights)(model)
     except (RuntimeError, ValueError) as e:
         raise ModelLoadError(f"precision {precision}: {e}; use fp32 or bf16") from e
@@ -291,8 +321,9 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
         raise _load_error(location, kind, "weights", e) from e
     model.eval()
     model.requires_grad_(False)
-    if prec in ("int8", "int8w"):
-        model = quantize(model, prec)
+    gguf = gguf_source(spec, kind)
+    if prec in QUANTIZED:
+        model = quantize(model, prec, gguf)
     else:
         model.to(dev)
     if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
@@ -311,4 +342,5 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
         context_length=context_limit(tokenizer, model), stop_ids=stop_token_ids(tokenizer, fim_format),
         # the indexer knows the default model's tokenizer as "embedded"; another embedded model's is its directory
         tokenizer_source="embedded" if embedded is not None and embedded.title == EMBEDDED_NAME else str(location),
+        gguf=gguf,
     )

@@ -66,6 +66,8 @@ class Int8WeightLinear(torch.nn.Module):
 
     Input any float dtype [..., K]; output [..., N] in the input's dtype."""
 
+    MAX_ROWS = FLOAT_ROWS  # calls of more rows take `wide`; the engine's trees stay within it (exact)
+
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  wide: torch.nn.Module | None = None):
         super().__init__()
@@ -104,8 +106,8 @@ class Int8WeightLinear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if x2.shape[0] == 0:
             return x.new_zeros(*lead, self.out_features)
-        if self.wide is not None and x2.shape[0] > FLOAT_ROWS:
-            return self.wide(x2.to(torch.float32)).to(x.dtype).reshape(*lead, self.out_features)
+        if self.wide is not None and x2.shape[0] > self.MAX_ROWS:
+            return self.wide(x2.to(self.wide.weight.dtype)).to(x.dtype).reshape(*lead, self.out_features)
         y = _kernel(x2.to(torch.bfloat16).contiguous(), self.qweight, self.scale).float()  # [M, N]
         if self.bias is not None:
             y.add_(self.bias)

@@ -14,7 +14,8 @@ first-line exact match (benchmarks/bench_layout.py) was measured within INT8_MAX
 same cases (INT8_QUALITY); elsewhere it stays opt-in (`precision: int8`). Weight-only int8 with bf16 products
 (rest_lsp/model/int8weight.py, `int8w`) keeps fp32 activations and loses less; it joins the timing for a model
 whose first-line exact match was measured within INT8_MAX_LOSS points of fp32's (INT8W_QUALITY) on a CPU where
-its kernel is batch-invariant. Figures: docs/cpu.md.
+its kernel is batch-invariant. The GGUF's own 4-bit blocks (rest_lsp/model/int4weight.py, `int4w`) join it the
+same way (INT4W_QUALITY, against fp32). Figures: docs/cpu.md.
 
 A first start often shares the CPU (a download, the editor, the indexer), and a figure taken under load is
 cached for every later start. So the candidates are timed in interleaved rounds (ABC CBA ABC: a burst of load
@@ -90,6 +91,11 @@ INT8_MAX_LOSS = 2.0  # points of first-line exact match int8 may lose against bf
 INT8W_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": -0.8,  # 89 vs 91 of 240 boltons lines (2026-12-02, AVX-512 Xeon)
 }
+# the same for the GGUF's own 4-bit blocks (int4w), against fp32 on the same cases. The 0.5B's GGUF holds 12 of
+# its 169 projections as Q4_K (the rest Q5_0, Q6_K, Q8_0: int8w there), so int4w is the 1.5B's
+INT4W_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-1.5B-Instruct": +1.2,  # 116 vs 113 of 240 boltons lines (2026-12-03, 2-core Zen 5 EPYC)
+}
 
 
 def cpu_name() -> str:
@@ -102,12 +108,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cache_path(model_name: str, int8: bool = False, int8w: bool = False) -> Path:
+def _cache_path(model_name: str, names: Sequence[str] = ()) -> Path:
     from rest_lsp.engine.cost import cache_dir
 
-    # the candidates in the key: a model that becomes one (INT8_QUALITY, INT8W_QUALITY) is measured again
+    # the quantized candidates in the key: a model that becomes one (INT8_QUALITY, INT8W_QUALITY,
+    # INT4W_QUALITY) is measured again
     key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}" \
-        + ("-int8" if int8 else "") + ("-int8w" if int8w else "")
+        + "".join(f"-{n}" for n in QUANTIZED if n in names)
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 
@@ -162,8 +169,18 @@ def int8w_candidate(model_name: str) -> bool:
     return loss is not None and loss >= -INT8_MAX_LOSS and weight_int8_exact()
 
 
+def int4w_candidate(model_name: str) -> bool:
+    """int4w may be chosen for this model: its measured quality loss against fp32 is within INT8_MAX_LOSS, and
+    the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
+    from .int4weight import weight_int4_exact
+
+    loss = INT4W_QUALITY.get(model_name)
+    return loss is not None and loss >= -INT8_MAX_LOSS and weight_int4_exact()
+
+
 Timer = Callable[[str, object, int], Callable[[], dict]]
-MEASURED = ("fp32", "bf16", "int8", "int8w")  # the figures a cache entry may hold, one per candidate
+MEASURED = ("fp32", "bf16", "int8", "int8w", "int4w")  # the figures a cache entry may hold, one per candidate
+QUANTIZED = ("int8", "int8w", "int4w")
 
 
 def round_timer(name: str, verifier, vocab_size: int) -> Callable[[], dict]:
@@ -214,12 +231,12 @@ def candidates(model_name: str) -> list[str]:
     from .fast import cpu_has_bf16
 
     return ["fp32"] + [name for name, ok in (("bf16", cpu_has_bf16()), ("int8", int8_candidate(model_name)),
-                                             ("int8w", int8w_candidate(model_name))) if ok]
+                                             ("int8w", int8w_candidate(model_name)),
+                                             ("int4w", int4w_candidate(model_name))) if ok]
 
 
 def cache_file(model_name: str) -> Path:
-    names = candidates(model_name)
-    return _cache_path(model_name, "int8" in names, "int8w" in names)
+    return _cache_path(model_name, candidates(model_name))
 
 
 def read_cached(path: Path) -> dict | None:
@@ -256,7 +273,8 @@ def _fits_at_once(loaded_fp32, names: Sequence[str]) -> bool:
 def _candidate(loaded_fp32, name: str, timer: Timer) -> Callable[[], dict]:
     from .verifiers import make_verifier_or_eager
 
-    model = loaded_fp32 if name == "fp32" else _convert(copy.deepcopy(loaded_fp32.model), name)
+    model = loaded_fp32 if name == "fp32" else _convert(copy.deepcopy(loaded_fp32.model), name,
+                                                                  getattr(loaded_fp32, "gguf", None))
     return timer(name, make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
 
 
@@ -313,7 +331,9 @@ def measure_and_store(loaded_fp32, *, timer: Timer | None = None,
     again) unless MAX_PROVISIONAL starts in a row were noisy. previous: the cached entry this replaces."""
     name = loaded_fp32.name
     names = candidates(name)
-    path = _cache_path(name, "int8" in names, "int8w" in names)
+    path = _cache_path(name, names)  # the file every start reads (cache_file), whatever this load can convert to
+    if getattr(loaded_fp32, "gguf", None) is None and "int4w" in names:  # a model named by its converted directory
+        names.remove("int4w")
     result = yield from measure(loaded_fp32, names, timer=timer)
     prev = previous or {}
     data = {**result, "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -351,9 +371,9 @@ def run_to_end(gen: Generator):
 
 
 def choose(loaded_fp32, *, force: bool = False, timer: Timer | None = None) -> tuple[str, dict]:
-    """("fp32" | "bf16" | "int8" | "int8w", the measurements) for a model loaded in fp32 on the CPU: the
+    """("fp32" | "bf16" | "int8" | "int8w" | "int4w", the measurements) for a model loaded in fp32 on the CPU: the
     cheapest by completion_ms among fp32, bf16 (native bf16 dot products only), int8 (int8_candidate models
-    only) and int8w (int8w_candidate models only); read from the cache unless that entry is provisional or
+    only), int8w (int8w_candidate models only) and int4w (int4w_candidate models only); read from the cache unless that entry is provisional or
     stale (needs_measuring)."""
     if candidates(loaded_fp32.name) == ["fp32"]:
         return "fp32", {"reason": "no native bf16 dot products on this CPU, and int8 and int8w are opt-in for this model"}
@@ -490,13 +510,14 @@ class LiveCheck:
                 "reason": self.reason, "action": self.action, "remeasured": self.remeasured}
 
 
-def _convert(model, precision: str):
-    """The model converted in place to "bf16", "int8" (per-row W8A8) or "int8w" (weight-only int8)."""
+def _convert(model, precision: str, gguf: Path | None = None):
+    """The model converted in place to "bf16", "int8" (per-row W8A8), "int8w" (weight-only int8) or "int4w"
+    (the GGUF `gguf`'s 4-bit blocks)."""
     if precision == "bf16":
         return model.to(torch.bfloat16)
     from .host import quantize
 
-    return quantize(model, precision)
+    return quantize(model, precision, gguf)
 
 
 def as_precision(loaded, precision: str):
@@ -504,6 +525,6 @@ def as_precision(loaded, precision: str):
     converts its weights, "int8" and "int8w" its linear layers (activations stay fp32)."""
     if precision == "fp32":
         return loaded
-    _convert(loaded.model, precision)
+    _convert(loaded.model, precision, getattr(loaded, "gguf", None))
     return dataclasses.replace(loaded, dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
                                precision=precision)

@@ -344,6 +344,10 @@ class CompletionRun:
 
 
 def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -> EngineBackend:
+    if config.server:   # a team server decodes (rest_lsp/service/remote.py); the prompt is still made here
+        from .remote import load_remote_backend
+
+        return load_remote_backend(config, repository)
     from rest_lsp.engine.history import history_model_key
     from rest_lsp.model.host import load_model
 

@@ -15,11 +15,11 @@ from rest_lsp.model import PRECISIONS
 SECTIONS = ("rest-lsp", "restLsp", "rest_lsp")
 
 # Settings whose change means the model (and everything tokenised with it) must be reloaded.
-MODEL_KEYS = frozenset({"model", "device", "precision"})
+MODEL_KEYS = frozenset({"model", "device", "precision", "server"})
 # Settings that name a path or a model: what the server reads, loads or writes. Over TCP a client may be
 # another local process than the user's editor, so these are taken from it only when the server was started
 # with --trust-client (docs/daemon.md, "Serving over TCP").
-PATH_KEYS = frozenset({"model", "cache_dir", "request_log", "corpus"})
+PATH_KEYS = frozenset({"model", "cache_dir", "request_log", "corpus", "server"})
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ServerConfig:
                                         # (restbase/assets.py MODELS: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b);
                                         # "auto" (rest_lsp/model/choice.py); a model dir / .gguf / hub id
     device: str = "auto"                # "auto" | "cpu" | "cuda" | "cuda:N" (mps: refused at load)
-    precision: str = "auto"             # "auto" | "fp32" | "int8" | "int8w" | "bf16" | "fp16"
+    precision: str = "auto"             # "auto" | "fp32" | "int8" | "int8w" | "int4w" | "bf16" | "fp16"
     corpus: str | None = None           # a datastore built with `rest-index` (optional)
     draft_budget: int | None = None     # draft tree nodes per step; None: calibrated, 0: plain decoding
     max_tokens: int = 64                # new tokens per completion
@@ -62,6 +62,9 @@ class ServerConfig:
                                         # (opt-in: measured no better for a person typing, docs/crossfile.md)
     cross_file_tokens: int | None = None  # their token budget; None: 512 on a CPU, 2048 elsewhere
     cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent"])
+    server: dict | None = None          # a team server (rest-lsp team-server, docs/team.md) that decodes instead of
+                                        # a local model: "http://host:8000" or {"url", "key" | "keyEnv", "model"}
+                                        # (key default: $REST_LSP_TEAM_KEY); `model` still names the tokenizer
 
 
 _FIELD_NAMES = {f.name for f in fields(ServerConfig)}
@@ -74,8 +77,31 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower().replace("-", "_")
 
 
+def _coerce_server(value: Any) -> dict | None:
+    """The `server` setting: a URL, or {"url", "key", "keyEnv", "model"} (strings), as a dict."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str) or not value["url"].strip():
+        raise ValueError(f"server: expected a URL or {{\"url\": ..., \"key\": ...}}, got {type(value).__name__}")
+    out = {}
+    for k, v in value.items():
+        name = _snake(str(k))
+        if name not in ("url", "key", "key_env", "model"):
+            raise ValueError(f"server: unknown field {k!r} (url, key, keyEnv, model)")
+        if not isinstance(v, str):
+            raise ValueError(f"server.{k}: expected a string")
+        out[name] = v.strip()
+    if not out["url"].startswith(("http://", "https://")):
+        raise ValueError(f"server.url: expected http://HOST:PORT or https://..., got {out['url']!r}")
+    return out
+
+
 def _coerce(name: str, value: Any, current: Any) -> Any:
     """Type-check one setting against the field's default type; raise ValueError with the setting's name."""
+    if name == "server":
+        return _coerce_server(value)
     if value is None:
         if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log",
                     "max_prefix_chars", "max_suffix_chars", "cross_file_tokens"}:

@@ -229,6 +229,8 @@ class CompletionService:
         s["predictions"] = {"kept": len(preds), "live": sum(p.live for p in preds),
                             "documents": len({p.uri for p in preds})}
         s["config"] = {k: v for k, v in vars(self.config).items()}
+        if self.config.server and self.config.server.get("key"):   # a team server's key is not shown
+            s["config"]["server"] = {**self.config.server, "key": "(set)"}
         s["cross_file"] = self.blocks.snapshot()
         return s
 

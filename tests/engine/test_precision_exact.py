@@ -1,6 +1,6 @@
 """Exactness in every precision the CPU offers, against an independent reference.
 
-The model is loaded as the daemon loads it (rest_lsp.model.host.load_model: fp32, bf16, fp16, int8, int8w), the
+The model is loaded as the daemon loads it (rest_lsp.model.host.load_model: fp32, bf16, fp16, int8, int8w; int4w as precision auto converts to it), the
 engine decodes with forced drafts (the true continuation plus a wrong branch at every token, so that trees
 are verified and partly accepted), and its output must be token for token what transformers' own `generate`
 gives for the same loaded model (greedy, its KV cache, one token per forward): never engine against engine.
@@ -8,11 +8,13 @@ gives for the same loaded model (greedy, its KV cache, one token per forward): n
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from rest_lsp.engine import Engine, GenerationConfig
+from rest_lsp.model.int4weight import Int4WeightLinear, weight_int4_exact
 from rest_lsp.model.int8weight import weight_int8_exact
 
 from ._models import ScriptedSource
@@ -59,3 +61,36 @@ def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
     assert res.tokens == ref, (precision, verifier)
     # the forced drafts were verified and accepted (int8 and int8w too: their products are batch-invariant)
     assert res.steps < N / 2, res.accepted
+
+
+@pytest.fixture(scope="module")
+def q4k_model(tmp_path_factory):
+    from testmodels.tiny import make_tiny_q4k_model
+
+    return make_tiny_q4k_model(tmp_path_factory.mktemp("q4k") / "model", q8_layers=("model.layers.1.self_attn.v_proj",))
+
+
+@pytest.mark.skipif(not weight_int4_exact(), reason="int4w is refused where its kernel is missing or not batch-invariant")
+@pytest.mark.parametrize("verifier", ["eager", "auto"])
+def test_rest_equals_transformers_generate_on_int4w(q4k_model, verifier):
+    from rest_lsp.model.host import load_model
+    from rest_lsp.model.precision import as_precision
+    from rest_lsp.model.verifiers import check_tree_rows, make_verifier_or_eager
+
+    torch.set_num_threads(1)
+    model_dir, gguf_file = q4k_model
+    lm = load_model(str(model_dir), device="cpu", precision="fp32")
+    lm = as_precision(dataclasses.replace(lm, gguf=gguf_file), "int4w")  # as precision auto converts it
+    assert lm.precision == "int4w"
+    n = N
+    prompt = lm.tokenizer.encode(PROMPT)
+    ref = hf_generate(lm.model, prompt, n)
+    assert len(ref) == n and len(set(ref)) >= 6, "degenerate output: exactness would not discriminate"
+    v = make_verifier_or_eager(lm, verifier)
+    assert check_tree_rows(v, prompt).exact
+    source = ScriptedSource(prompt + ref, wrong_branch=0.7, vocab=lm.model.config.vocab_size)
+    engine = Engine(lm, [(source, 1.0)], verifier=v, eos_token_ids=[])
+    assert engine.drafter.max_draft_nodes == Int4WeightLinear.MAX_ROWS - 1  # trees stay on the 4-bit products
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=n, draft_budget=8))
+    assert res.tokens == ref, verifier
+    assert res.steps < n  # drafts were accepted: trees were verified, not only single rows

@@ -1,0 +1,276 @@
+"""Weight-only 4-bit linear layers built from a GGUF's own Q4_K blocks: what `precision: int4w` runs on a CPU.
+
+    q4k_groups(raw [N, K/256*144] uint8, K) -> (q [N, K] uint8 0..15, scale [N, K/32] fp32, low [N, K/32] fp32)
+    Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear
+    fuse_weight_only(*mods, wide=None) -> one module whose output is [m(x) for m in mods] concatenated
+    quantize_from_gguf(model, gguf_path) -> {"int4": n, "int8": n}: the decoder's layers and LM head replaced
+    weight_int4_exact() -> bool: the kernel gives a row the same bits alone and in any batch (checked once)
+
+Why: a CPU decoding step costs about the bytes of weights it streams. The embedded GGUFs hold their weights as
+4-bit blocks (Q4_K_M: Q4_K for most layers, Q6_K for some), which the converted copy turns into fp32; int8w
+(int8weight.py) streams a byte a weight, this path 5/8 of one (4 bits and a bf16 scale and zero per 32).
+
+No float is quantized again where the block format maps: a Q4_K super-block holds 256 weights in eight groups of
+32, w = d*sc_j*q - dmin*m_j (q 0..15; d, dmin fp16; sc_j, m_j 6-bit), and torch's CPU kernel
+(`_weight_int4pack_mm_for_cpu`, gpt-fast's int4 path) computes w = (q - 8)*S + Z per group of 32. So q is taken
+as it is, S = d*sc_j and Z = 8*S - dmin*m_j. The kernel takes S and Z in the activations' dtype, and only bf16
+activations are fast (a 17,920 x 1,536 product, one row, 2-core Zen 5: 0.4-0.6 ms in bf16, 51 ms in fp32; int8w
+0.8-1.2 ms, bf16 dense 1.9-2.9 ms): S and Z are rounded to bf16 once, the product runs on bf16 activations, as
+int8w's does. A layer stored otherwise (Q6_K, Q5_0, Q8_0) becomes int8w from its dequantized weights, and a
+layer whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or
+transposed) too: each Q4_K tensor is checked against the converted model's weight before it is used.
+
+Like int8w: each output element is one dot product whose order depends on neither the number of rows nor the
+other columns in the call (`weight_int4_exact` checks it on this CPU), so a draft tree's row rounds as it does
+alone and REST over this model emits what its plain greedy decoding emits. The kernel's cost grows with the rows
+faster than a float product's (17,920 x 1,536: 1 row 0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4,
+against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6): calls of more than MAX_ROWS rows (prompt chunks) take the
+float layer (`wide`, bf16 where the CPU multiplies it natively), and the engine keeps draft trees within
+MAX_ROWS rows for a model that holds these layers (rest_lsp/engine/generate.py), so that every verification
+and every decoding step runs the 4-bit product.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .int8row import fused_bias, linear_slots
+from .int8weight import FLOAT_ROWS, Int8WeightLinear
+
+log = logging.getLogger(__name__)
+
+GROUP = 32  # weights per (scale, zero): a Q4_K sub-block
+SUPER = 256  # weights per Q4_K super-block
+Q4K_BYTES = 144  # d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit values
+INNER_K_TILES = 8  # the packing's K tiling (2, 4 or 8)
+N_MULTIPLE = 16  # the packing takes output widths in multiples of 16 (torch 2.13) ...
+N_BLOCK = 64  # ... and lays rows out in blocks of 64: packed layers concatenate exactly where each but the last
+# fills whole blocks (144 + 48 rows did not, 128 + 48 and 192 + 64 did)
+
+
+def q4k_groups(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K tensor's rows ([N, K/256*144] bytes) -> q [N, K] (0..15), scale [N, K/32] and low [N, K/32] (fp32)
+    with weight = scale * q - low per group of 32 consecutive weights of a row.
+
+    Worked example, one super-block: bytes 0-1 d = 0.5, 2-3 dmin = 0.25, scale byte 0 = 3 (group 0's sc, top
+    bits 0), scale byte 4 = 2 (its m), value byte 0 = 0x7A -> weight 0 = 0.5*3*0xA - 0.25*2 = 14.5 and weight 32
+    (group 1, the high nibble) = d*sc_1*7 - dmin*m_1."""
+    n = raw.shape[0]
+    if k % SUPER or raw.shape[1] != k // SUPER * Q4K_BYTES:
+        raise ValueError(f"Q4_K rows of width {k} take {k // SUPER * Q4K_BYTES} bytes, got {raw.shape[1]}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, Q4K_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, B, 1]
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    s = blocks[..., 4:16]
+    lo_sc, lo_m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    # groups 0-3: the low six bits of bytes 0-3 (scales) and 4-7 (mins); groups 4-7: a nibble of bytes 8-11
+    # below the top two bits of bytes 0-3 (scales) and 4-7 (mins)
+    sc = np.concatenate([lo_sc & 63, (hi & 15) | ((lo_sc >> 6) << 4)], axis=-1).astype(np.float32)  # [N, B, 8]
+    m = np.concatenate([lo_m & 63, (hi >> 4) | ((lo_m >> 6) << 4)], axis=-1).astype(np.float32)
+    # values: four runs of 32 bytes; a run's low nibbles are group 2c, its high nibbles group 2c + 1
+    qs = blocks[..., 16:].reshape(n, k // SUPER, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k)
+    return q, (d * sc).reshape(n, -1), (dmin * m).reshape(n, -1)
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, low: np.ndarray) -> torch.Tensor:
+    """The fp32 weights [N, K] the groups stand for (as gguf's own dequantization computes them)."""
+    n, k = q.shape
+    w = scale.reshape(n, -1, 1) * q.reshape(n, -1, GROUP).astype(np.float32) - low.reshape(n, -1, 1)
+    return torch.from_numpy(w.reshape(n, k))
+
+
+def _kernel(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16, packed [N, K/2] uint8, scale_zeros [K/32, N, 2] bf16 -> [M, N] bf16."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_zeros)
+
+
+def pack(q: np.ndarray, scale: np.ndarray, low: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups -> (the kernel's packed weights [N, K/2] uint8, scale and zero [K/32, N, 2] bf16)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), INNER_K_TILES)
+    s = torch.from_numpy(scale)
+    zero = 8 * s - torch.from_numpy(low)  # (q - 8) * S + Z = S q - low, computed from the exact S
+    return packed, torch.stack([s.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+
+
+class Int4WeightLinear(torch.nn.Module):
+    """y = bf16(x) @ W4^T (+ b): 4-bit weights in groups of 32 (bf16 scale and zero), bf16 products, fp32 bias
+    and output. Input any float dtype [..., K]; output [..., N] in the input's dtype."""
+
+    MAX_ROWS = 16  # calls of more rows take `wide` (where the kernel's cost passes bf16's, above)
+
+    def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, bias: torch.Tensor | None,
+                 wide: torch.nn.Module | None = None):
+        super().__init__()
+        self.out_features = packed.shape[0]
+        self.in_features = scale_zeros.shape[0] * GROUP
+        self.register_buffer("packed", packed.contiguous())
+        self.register_buffer("scale_zeros", scale_zeros.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.wide = wide  # the float layer for calls of more than MAX_ROWS rows (None: int4 for all)
+
+    @classmethod
+    def from_q4k(cls, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
+                 wide: torch.nn.Module | None = None) -> "Int4WeightLinear":
+        return cls(*pack(*q4k_groups(raw, k)), bias, wide)
+
+    @classmethod
+    def fuse(cls, *mods: "Int4WeightLinear", wide: torch.nn.Module | None = None) -> "Int4WeightLinear":
+        """One product for layers over the same input: each output column is its own dot product, so the
+        fused output is the parts' outputs concatenated (weight_int4_exact checks it)."""
+        if len({m.in_features for m in mods}) != 1:
+            raise ValueError("Int4WeightLinear.fuse: layers must share their input size")
+        if any(m.out_features % N_BLOCK for m in mods[:-1]):
+            raise ValueError(f"Int4WeightLinear.fuse: a layer before the last is not a whole number of {N_BLOCK} rows")
+        if len(mods) == 1:
+            return cls(mods[0].packed, mods[0].scale_zeros, mods[0].bias, wide)
+        return cls(torch.cat([m.packed for m in mods]), torch.cat([m.scale_zeros for m in mods], dim=1),
+                   fused_bias(mods), wide)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            return x.new_zeros(*lead, self.out_features)
+        if self.wide is not None and x2.shape[0] > self.MAX_ROWS:
+            return self.wide(x2.to(self.wide.weight.dtype)).to(x.dtype).reshape(*lead, self.out_features)
+        y = _kernel(x2.to(torch.bfloat16).contiguous(), self.packed, self.scale_zeros).float()
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Parts(torch.nn.Module):
+    """Weight-only layers of different kinds over one input (a Q4_K q/k with a Q6_K v): each runs its own
+    product, the outputs concatenated (what a fused product gives); more than MAX_ROWS rows take `wide`."""
+
+    def __init__(self, mods, wide: torch.nn.Module | None):
+        super().__init__()
+        # each part without its own float layer: its quantized product for every call it gets
+        self.parts = torch.nn.ModuleList(type(m).fuse(m, wide=None) for m in mods)
+        self.wide = wide
+        self.out_features = sum(m.out_features for m in mods)
+        self.in_features = mods[0].in_features
+        self.MAX_ROWS = min(m.MAX_ROWS for m in mods)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.wide is not None and x2.shape[0] > self.MAX_ROWS:
+            return self.wide(x2.to(self.wide.weight.dtype)).to(x.dtype).reshape(*lead, self.out_features)
+        return torch.cat([p(x2) for p in self.parts], dim=-1).reshape(*lead, self.out_features)
+
+
+WEIGHT_ONLY = (Int4WeightLinear, Int8WeightLinear, Parts)
+
+
+def fuse_weight_only(*mods, wide: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The layers' products as one module: one fused product where they are of one kind, else Parts."""
+    kinds = {type(m) for m in mods}
+    if len(kinds) == 1 and kinds <= {Int4WeightLinear, Int8WeightLinear}:
+        try:
+            return kinds.pop().fuse(*mods, wide=wide)
+        except ValueError:  # int4 layers whose packing does not concatenate
+            pass
+    return Parts(mods, wide)
+
+
+@functools.cache
+def weight_int4_exact() -> bool:
+    """Whether the kernel exists here and gives every row the same bits alone and inside batches of
+    2..FLOAT_ROWS rows (more than trees use; the others 1000x larger or smaller), and a fused layer its
+    parts' bits (once per process)."""
+    rng = np.random.default_rng(0)
+    try:
+        def layer(n: int, k: int = 512) -> Int4WeightLinear:
+            raw = rng.integers(0, 256, (n, k // SUPER * Q4K_BYTES), dtype=np.uint8)
+            raw.reshape(n, -1, Q4K_BYTES)[..., 0:4] = np.array([0.01, 0.002], np.float16).view(np.uint8)
+            return Int4WeightLinear.from_q4k(raw, k)
+
+        a, b = layer(192), layer(48)  # a whole number of row blocks, then a partial one
+        b.bias = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
+        fused = Int4WeightLinear.fuse(a, b)  # no float layer: the kernel for every row count
+        x = torch.from_numpy(rng.standard_normal((FLOAT_ROWS, 512)).astype(np.float32))
+        x = x * torch.logspace(-1.5, 1.5, FLOAT_ROWS)[:, None]
+        alone = torch.cat([fused(x[i:i + 1]) for i in range(FLOAT_ROWS)])
+        for m in (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 40, FLOAT_ROWS - 1, FLOAT_ROWS):
+            if not torch.equal(fused(x[:m]), alone[:m]):
+                return False
+        return torch.equal(fused(x), torch.cat([a(x), b(x)], dim=1))
+    except (RuntimeError, AttributeError, NotImplementedError, ValueError):  # no such kernel on this build
+        return False
+
+
+# transformers' module names -> the GGUF's tensor names (llama.cpp's naming, the same for Qwen2 and Llama)
+_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def gguf_name(module_name: str, head: bool) -> list[str]:
+    """The GGUF tensors that may hold a module's weight, most likely first (a tied head reads the embeddings)."""
+    if head:
+        return ["output.weight", "token_embd.weight"]
+    m = _LAYER.match(module_name)
+    if m and m.group(2) in _GGUF_NAMES:
+        return [f"blk.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}.weight"]
+    return []
+
+
+def _q4k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> Int4WeightLinear | None:
+    """An Int4WeightLinear from a Q4_K tensor that decodes to exactly `linear`'s weight; None otherwise."""
+    from gguf import GGMLQuantizationType
+
+    n, k = linear.weight.shape
+    if tensor.tensor_type != GGMLQuantizationType.Q4_K or tuple(tensor.data.shape) != (n, k // SUPER * Q4K_BYTES) \
+            or n % N_MULTIPLE:
+        return None
+    groups = q4k_groups(np.asarray(tensor.data), k)
+    if not torch.equal(dequantize(*groups), linear.weight.detach().float()):
+        return None
+    return Int4WeightLinear(*pack(*groups), linear.bias, wide)
+
+
+@torch.no_grad()
+def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = torch.float32) -> dict[str, int]:
+    """Replace, in place, the nn.Linear layers of a transformers causal LM's decoder and its LM head: by
+    Int4WeightLinear where the GGUF holds the layer as Q4_K blocks that decode to the model's weight, else by
+    Int8WeightLinear; each keeps its float layer, in `wide_dtype`, for prompt chunks. -> how many layers
+    became which."""
+    from gguf import GGUFReader
+
+    from .int8weight import weight_int8_exact
+
+    if not weight_int4_exact() or not weight_int8_exact():
+        raise RuntimeError("int4w: torch's _weight_int4pack_mm_for_cpu or _weight_int8pack_mm is unavailable "
+                           "or not batch-invariant on this CPU")
+    tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
+    names = {id(mod): name for name, mod in model.named_modules()}
+    head = model.get_output_embeddings()
+    counts = {"int4": 0, "int8": 0}
+    for parent, attr in list(linear_slots(model, head=True)):
+        linear = getattr(parent, attr)
+        layer = None
+        for tname in gguf_name(names.get(id(linear), ""), linear is head):
+            if tname in tensors:
+                layer = _q4k_layer(tensors[tname], linear, linear)
+                break
+        if layer is None:
+            layer = Int8WeightLinear.from_linear(linear)
+        layer.wide.to(wide_dtype)
+        counts["int4" if isinstance(layer, Int4WeightLinear) else "int8"] += 1
+        setattr(parent, attr, layer)
+    log.info("int4w: %d layers from Q4_K blocks, %d as int8w", counts["int4"], counts["int8"])
+    if counts["int4"] == 0:
+        raise ValueError(f"int4w: {Path(gguf).name} holds no Q4_K layer that decodes to this model's weights")
+    return counts

@@ -1,0 +1,135 @@
+"""int4w: the GGUF's own Q4_K blocks as 4-bit products (rest_lsp/model/int4weight.py).
+
+The decoding is checked against gguf's own dequantization (an independent implementation), the model against
+a tiny Qwen2 whose weights are what random Q4_K blocks decode to, and REST over the int4w model against
+transformers' own greedy `generate` on the same model (never engine against engine)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from rest_lsp.model.int4weight import (Int4WeightLinear, Parts, dequantize, fuse_weight_only, q4k_groups,
+                                       quantize_from_gguf, weight_int4_exact)
+from rest_lsp.model.int8weight import Int8WeightLinear
+
+needs_kernel = pytest.mark.skipif(not weight_int4_exact(), reason="int4w is refused where its kernel is missing or "
+                                  "not batch-invariant")
+
+
+def test_q4k_decoding_is_ggufs_own():
+    import gguf
+
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (48, 3 * 144), dtype=np.uint8)  # every bit pattern of scales, mins and values
+    raw.reshape(48, 3, 144)[..., 0:4] = np.array([0.0123, 0.0071], np.float16).view(np.uint8)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(48, 768)
+    q, scale, low = q4k_groups(raw, 768)
+    assert q.min() == 0 and q.max() == 15 and scale.shape == (48, 24)
+    assert torch.equal(dequantize(q, scale, low), torch.from_numpy(ref))
+
+
+def test_the_docstrings_worked_example():
+    block = np.zeros((1, 144), np.uint8)
+    block[0, 0:4] = np.array([0.5, 0.25], np.float16).view(np.uint8)
+    block[0, 4], block[0, 8], block[0, 16] = 3, 2, 0x7A  # group 0: sc 3, m 2; first value byte
+    block[0, 5], block[0, 9] = 1, 5  # group 1: sc 1, m 5
+    w = dequantize(*q4k_groups(block, 256))[0]
+    assert float(w[0]) == 0.5 * 3 * 0xA - 0.25 * 2
+    assert float(w[32]) == 0.5 * 1 * 7 - 0.25 * 5
+
+
+def test_a_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="Q4_K rows of width 512"):
+        q4k_groups(np.zeros((16, 144), np.uint8), 512)
+
+
+@needs_kernel
+def test_products_match_the_decoded_weights_and_fuse_exactly():
+    from testmodels.tiny import random_q4k_blocks
+
+    rng = np.random.default_rng(2)
+    raws = [random_q4k_blocks(n, 512, rng) for n in (192, 64, 48)]
+    layers = [Int4WeightLinear.from_q4k(r, 512) for r in raws]
+    x = torch.randn(5, 512)
+    for layer, raw in zip(layers, raws):
+        ref = x @ dequantize(*q4k_groups(raw, 512)).T
+        # bf16 activations, scale and zero: within bf16's rounding of a 512-term sum, far from the weights' own
+        assert torch.allclose(layer(x), ref, rtol=0.03, atol=0.05 * float(ref.abs().max()))
+    fused = fuse_weight_only(*layers)
+    assert isinstance(fused, Int4WeightLinear)
+    assert torch.equal(fused(x), torch.cat([m(x) for m in layers], dim=1))
+    # a layer before the last that does not fill whole 64-row blocks cannot share one packing: parts
+    odd = Int4WeightLinear.from_q4k(random_q4k_blocks(48, 512, rng), 512)
+    parts = fuse_weight_only(odd, layers[0])
+    assert isinstance(parts, Parts)
+    assert torch.equal(parts(x), torch.cat([odd(x), layers[0](x)], dim=1))
+
+
+@pytest.fixture(scope="module")
+def q4k_model(tmp_path_factory):
+    from testmodels.tiny import make_tiny_q4k_model
+
+    return make_tiny_q4k_model(tmp_path_factory.mktemp("q4k") / "model",
+                               q8_layers=("model.layers.1.self_attn.v_proj", "model.layers.0.mlp.down_proj"))
+
+
+def int4w_model(q4k_model):
+    """(the fp32 LoadedModel, the same converted to int4w in place as precision auto converts it)."""
+    from rest_lsp.model.host import load_model
+    from rest_lsp.model.precision import as_precision
+
+    model_dir, gguf_file = q4k_model
+    lm = load_model(str(model_dir), device="cpu", precision="fp32")
+    return lm, as_precision(dataclasses.replace(lm, gguf=gguf_file), "int4w")
+
+
+@needs_kernel
+def test_q4k_layers_become_int4_and_the_others_int8(q4k_model):
+    from rest_lsp.model.host import load_model
+
+    model_dir, gguf_file = q4k_model
+    lm = load_model(str(model_dir), device="cpu", precision="fp32")
+    layers = lm.model.model.layers
+    counts = quantize_from_gguf(lm.model, gguf_file)
+    assert counts == {"int4": 13, "int8": 2}  # 2 x 7 projections + the head, two of them stored as Q8_0
+    assert isinstance(layers[0].self_attn.q_proj, Int4WeightLinear)
+    assert isinstance(layers[1].self_attn.v_proj, Int8WeightLinear)
+    assert isinstance(layers[0].mlp.down_proj, Int8WeightLinear)
+    assert isinstance(lm.model.lm_head, Int4WeightLinear)
+
+
+@needs_kernel
+def test_blocks_that_do_not_decode_to_the_weight_are_not_used(q4k_model):
+    from rest_lsp.model.host import load_model
+
+    model_dir, gguf_file = q4k_model
+    lm = load_model(str(model_dir), device="cpu", precision="fp32")
+    with torch.no_grad():
+        lm.model.model.layers[0].self_attn.q_proj.weight[3, 7] += 1e-3  # a converter that changed one weight
+    quantize_from_gguf(lm.model, gguf_file)
+    assert isinstance(lm.model.model.layers[0].self_attn.q_proj, Int8WeightLinear)
+    assert isinstance(lm.model.model.layers[0].self_attn.k_proj, Int4WeightLinear)
+
+
+def test_int4w_needs_a_gguf(q4k_model):
+    from rest_lsp.model.host import ModelLoadError, load_model
+
+    with pytest.raises(ModelLoadError, match="int4w.*GGUF"):
+        load_model(str(q4k_model[0]), device="cpu", precision="int4w")
+
+
+@needs_kernel
+def test_int4w_follows_the_float_model(q4k_model):
+    from rest_lsp.model.host import load_model
+
+    _, lm4 = int4w_model(q4k_model)
+    ref = load_model(str(q4k_model[0]), device="cpu", precision="fp32")
+    ids = torch.tensor([ref.tokenizer.encode("def moving_average(values, window):\n    total = 0\n")])
+    with torch.no_grad():
+        a, b = ref.model(ids).logits[0], lm4.model(ids).logits[0]
+    assert not torch.equal(a, b)  # int4 products, not the float layers
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
+    assert agree >= 0.8, f"int4w's greedy tokens agree with fp32's at {float(agree):.2f} of positions"
