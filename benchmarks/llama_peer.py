@@ -47,8 +47,10 @@ SERVER_ARGS = ["-c", "0", "-ub", "1024", "-b", "1024", "--cache-reuse", "256", "
 class LlamaServer:
     """`llama-server` in a process of its own; its output goes to `log_dir`. Counts what its clients asked."""
 
-    def __init__(self, binary: Path, model: Path, log_dir: Path, port: int = 8712, threads: int = 2):
+    def __init__(self, binary: Path, model: Path, log_dir: Path, port: int = 8712, threads: int = 2,
+                 extra_args: tuple[str, ...] = ()):
         self.binary, self.model, self.log_dir, self.port, self.threads = binary, model, log_dir, port, threads
+        self.extra_args = extra_args  # e.g. lookup decoding: --spec-type ngram-cache -lcs FILE
         self.proc: asyncio.subprocess.Process | None = None
         self.totals = {"requests": 0, "speculative": 0, "hints_from_cache": 0, "hints_typed_through": 0,
                        "prompt_n": 0, "prompt_ms": 0.0, "predicted_n": 0, "predicted_ms": 0.0}
@@ -58,7 +60,7 @@ class LlamaServer:
         log = open(self.log_dir / "llama-server.log", "wb")
         self.proc = await asyncio.create_subprocess_exec(
             str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-            "-t", str(self.threads), *SERVER_ARGS, stdout=log, stderr=log)
+            "-t", str(self.threads), *SERVER_ARGS, *self.extra_args, stdout=log, stderr=log)
         log.close()
 
     async def wait_ready(self, timeout: float = 600) -> None:

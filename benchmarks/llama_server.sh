@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` (CPU) for the typing benchmark's peer:
 #     bench_typing.py --methods rest,plain,llama.cpp --llama-server PATH   (benchmarks/llama_peer.py)
+# and, beside it, `llama-bench` and `llama-lookup-create` for the side-by-side decoding benchmark
+# (benchmarks/llama_side_by_side.py: per-token costs, and lookup decoding from a static n-gram cache).
 # from the llama.cpp source that llama-cpp-python vendors in its source distribution on PyPI (no other
 # network access needed). About 10 minutes on 2 cores.
 #
-#     bash benchmarks/llama_server.sh [OUT_DIR]      -> OUT_DIR/llama-server (default: <cache>/llama.cpp)
+#     bash benchmarks/llama_server.sh [OUT_DIR]      -> OUT_DIR/llama-{server,bench,lookup-create} (default: <cache>/llama.cpp)
 set -euo pipefail
 VERSION=0.3.36                      # llama-cpp-python; its vendor/llama.cpp is what gets built
 PY=${PYTHON:-.venv/bin/python}
@@ -15,9 +17,11 @@ trap 'rm -rf "$work"' EXIT
 tar xzf "$work/llama_cpp_python-$VERSION.tar.gz" -C "$work"
 src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_OPENSSL=OFF > "$work/cmake.log" || { cat "$work/cmake.log"; exit 1; }
-cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log" 2>&1 || { tail -50 "$work/build.log"; exit 1; }
+cmake --build "$work/build" --target llama-server llama-bench llama-lookup-create -j "$(nproc)" > "$work/build.log" 2>&1 || { tail -50 "$work/build.log"; exit 1; }
 mkdir -p "$OUT"
-cp "$work/build/bin/llama-server" "$OUT/llama-server.tmp" && mv "$OUT/llama-server.tmp" "$OUT/llama-server"
+for tool in llama-server llama-bench llama-lookup-create; do
+    cp "$work/build/bin/$tool" "$OUT/$tool.tmp" && mv "$OUT/$tool.tmp" "$OUT/$tool"
+done
 echo "$OUT/llama-server"

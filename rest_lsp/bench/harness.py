@@ -34,7 +34,7 @@ def _rate(tokens: int, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def prompt_row(p: BenchPrompt, run: Run, ar: Run | None) -> dict:
+def prompt_row(p: BenchPrompt, run: Run, ar: Run | None, prompt_ids: Sequence[int] = ()) -> dict:
     decode_tokens = max(0, len(run.tokens) - 1)  # the prefill yields the first token
     decode_steps = max(0, run.steps - 1)
     return {
@@ -53,6 +53,7 @@ def prompt_row(p: BenchPrompt, run: Run, ar: Run | None) -> dict:
         "identical_to_ar": None if ar is None else run.tokens == ar.tokens,
         "stop_reason": run.stop_reason,
         "output_ids": run.tokens,
+        "prompt_ids": list(prompt_ids),  # what a peer engine is given to decode the same prompt (llama_side_by_side)
     }
 
 
@@ -119,7 +120,7 @@ def run_bench(loaded, prompts: Sequence[BenchPrompt], methods: Sequence[str], *,
             if m == "ar":
                 ar_run = run
             runs[m].append(run)
-            rows[m].append(prompt_row(p, run, ar_run))
+            rows[m].append(prompt_row(p, run, ar_run, ids))
             r = rows[m][-1]
             log(f"[{i + 1}/{len(prompts)}] {p.id} {m}: {r['tokens']} tokens, {r['seconds']:.2f} s, "
                 f"M={r['mean_accepted'] or 0:.2f}" + ("" if r["identical_to_ar"] is not False else ", DIFFERS from ar"))

@@ -1,0 +1,54 @@
+"""benchmarks/llama_side_by_side.py without llama.cpp: llama-bench's JSON read into costs (a stand-in binary
+that answers as llama-bench does for the arguments it is given), llama-server's answers summed, the table."""
+import json
+import stat
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import llama_side_by_side as S  # noqa: E402
+
+FAKE_BENCH = r'''#!{python}
+import json, sys
+a = sys.argv
+assert a[a.index("-d") + 1] == "300" and a[a.index("-o") + 1] == "json"
+ps = [int(x) for x in a[a.index("-p") + 1].split(",")]
+n = int(a[a.index("-n") + 1])
+rows = [{{"n_prompt": p, "n_gen": 0, "n_depth": 300, "avg_ns": 1, "samples_ns": [1_000_000 * (10 + 2 * p)] * 3, "cpu_info": "Fake CPU"}}
+        for p in ps]
+rows.append({{"n_prompt": 0, "n_gen": n, "n_depth": 300, "avg_ns": 1_000_000 * 11 * n}})
+print(json.dumps(rows))
+'''
+
+
+def test_llama_bench_rows_become_costs(tmp_path):
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_BENCH.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    costs = S.llama_costs(fake, tmp_path / "m.gguf", 2, 3, lambda s: None)
+    assert costs["c_ms"] == {q: 10 + 2 * q for q in S.QS}
+    assert costs["decode_ms"] == 11.0  # per token: the 32-token run's time over 32
+    assert costs["cpu"] == "Fake CPU"
+
+
+def test_llama_answers_are_summed_as_ours_are_and_compared_with_ours():
+    ar = [[1, 2, 3], [4, 5, 6, 7]]
+    rows = [{"tokens": [1, 2, 3], "predicted_n": 3, "predicted_ms": 100.0, "draft_n": 8, "draft_accepted": 2},
+            {"tokens": [4, 5, 9, 9], "predicted_n": 4, "predicted_ms": 200.0, "draft_n": 0, "draft_accepted": 0}]
+    s = S.summarize_llama(rows, ar)
+    # the first token of each comes with the prompt: (3 - 1) + (4 - 1) tokens over 0.3 s
+    assert s["tokens_per_s"] == 5 / 0.3
+    assert s["tokens"] == 7 and s["identical_to_ours_ar"] == 1
+    assert (s["draft_n"], s["draft_accepted"]) == (8, 2)
+
+
+def test_the_table_puts_ours_against_the_mean_of_the_two_llama_runs():
+    llama = {"c_ms": {q: 10.0 for q in S.QS}, "decode_ms": 10.0}
+    report = {"model": "m", "gguf": "m.gguf", "threads": 2, "cpu": "c",
+              "costs": {"llama_1": llama, "llama_2": {**llama, "decode_ms": 30.0},
+                        "ours": {"c_ms": {q: 20.0 for q in S.QS}, "decode_ms": 40.0, "precision": "int4w"}}}
+    text = S.table(report)
+    assert "| c(1) | 10.0 | 20.0 | 10.0 | 2.00x |" in text
+    assert "| decoding, 1 row, per token | 10.0 | 40.0 | 30.0 | 2.00x |" in text
+    json.dumps(report)  # the report is written as JSON
