@@ -145,7 +145,7 @@ def main(argv=None) -> None:
     qs = tuple(int(x) for x in args.qs.split(",")) if args.qs else (QUICK_QS if args.quick else FULL_QS)
     repeats = 3 if args.quick and args.repeats == 5 else args.repeats
 
-    from rest_lsp.model.fast import make_verifier
+    from rest_lsp.model.verifiers import make_verifier
     from rest_lsp.model.host import load_model
 
     t = time.perf_counter()

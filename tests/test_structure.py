@@ -323,3 +323,83 @@ def test_reach_in_check_can_fail(tmp_path):
     found = reach_ins([user], [owner])
     assert sorted(f.split(": ", 1)[1] for f in found) == [
         "engine._cost", "engine._forget_cache", "from rest_lsp.owner import _helper"]
+
+
+# ---------------------------------------------------------------------------------------- choosing a verifier
+# rest_lsp/model/verifiers.py is the one place that decides which verifier runs a model (device -> verifier ->
+# whether its tree rows are exact -> the fallback): no other module of the packages builds the packed CPU
+# verifier or the GPU one itself. (HFVerifier, the engine's default when it is given none, is not policed.)
+CHOOSER = "rest_lsp.model.verifiers"
+CHOSEN = ("FastVerifier", "StaticVerifier")
+# Below the chooser, layer by layer: the two decoder forwards, then what they share. A module imports only
+# from the layers below its own (the two forwards never import each other, nor the chooser).
+VERIFIER_LAYERS = (
+    (CHOOSER,),
+    ("rest_lsp.model.fast", "rest_lsp.model.static"),
+    ("rest_lsp.model.screened", "rest_lsp.model.support"),
+    ("rest_lsp.model.probes", "rest_lsp.model.ops"),
+)
+
+
+def verifier_constructions(mods: dict[str, Path], root: Path = REPO) -> list[str]:
+    """Calls of CHOSEN outside CHOOSER: by name, as a module's attribute (`static.StaticVerifier(...)`), or
+    under another name imported for it (`from .fast import FastVerifier as F`)."""
+    found = []
+    for m, path in mods.items():
+        if m == CHOOSER:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = set(CHOSEN) | {a.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                               for a in node.names if a.name in CHOSEN and a.asname}
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in names:
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(f)}(...)")
+    return found
+
+
+def layer_violations(graph: dict[str, set[str]], layers=VERIFIER_LAYERS) -> list[str]:
+    """Imports from a module of `layers` into its own layer or one above it."""
+    rank = {m: i for i, layer in enumerate(layers) for m in layer}
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() if m in rank
+                  for t in ts if t in rank and rank[t] <= rank[m])
+
+
+def test_only_the_chooser_builds_a_verifier():
+    mods = package_modules()
+    assert CHOOSER in mods and all(m in mods for layer in VERIFIER_LAYERS for m in layer)
+    found = verifier_constructions(mods)
+    assert not found, f"only {CHOOSER} chooses and builds a verifier (make_verifier, choose_verifier):\n" + \
+        "\n".join(found)
+    bad = layer_violations(import_graph(mods))
+    assert not bad, "rest_lsp.model's verifier layers (chooser, the two forwards, what they share):\n" + \
+        "\n".join(bad)
+
+
+def test_verifier_checks_can_fail(tmp_path):
+    """A verifier built outside the chooser (by name, as an attribute, under an alias, in a function) is found,
+    the chooser's own construction and a mere mention are not; one forward importing the other is found."""
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    model, service = tmp_path / "rest_lsp" / "model", tmp_path / "rest_lsp" / "service"
+    for d in (model, service):
+        d.mkdir()
+        (d / "__init__.py").write_text("")
+    (model / "verifiers.py").write_text("from .fast import FastVerifier\n\ndef make(m):\n    return FastVerifier(m)\n")
+    (model / "fast.py").write_text("class FastVerifier:\n    pass\n\ndef g():\n    from . import static\n")
+    (model / "static.py").write_text("class StaticVerifier:\n    pass\n")
+    (model / "ops.py").write_text("")
+    (service / "backend.py").write_text(
+        "from rest_lsp.model import static\nfrom rest_lsp.model.fast import FastVerifier as Fv\n\n"
+        "def load(m):\n    kinds = (Fv, 'StaticVerifier')\n    return static.StaticVerifier(m), Fv(m), kinds\n")
+    (service / "bench.py").write_text("def run(m):\n    from rest_lsp.model.fast import FastVerifier\n"
+                                      "    return FastVerifier(m)\n")
+    mods = package_modules(tmp_path)
+    assert sorted(verifier_constructions(mods, tmp_path)) == [
+        "rest_lsp/service/backend.py:6: Fv(...)", "rest_lsp/service/backend.py:6: static.StaticVerifier(...)",
+        "rest_lsp/service/bench.py:3: FastVerifier(...)"]
+    assert layer_violations(import_graph(mods)) == ["rest_lsp.model.fast -> rest_lsp.model.static"]

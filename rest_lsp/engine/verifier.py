@@ -45,7 +45,7 @@ class Verifier(Protocol):
     def row_scorer(self, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """For row `row` of the last forward's returned logits: a function from token ids [n] to their exact
         logits [n], valid after later forwards too (a verifier may return approximate values for tokens that
-        cannot be the argmax: rest_lsp/model/fast.py)."""
+        cannot be the argmax: rest_lsp/model/screened.py)."""
         ...
 
     def truncate(self, n: int) -> None:

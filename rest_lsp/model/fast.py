@@ -1,4 +1,4 @@
-"""A faster CPU verifier: a static KV cache and prepacked weights, optionally compiled by inductor.
+"""The packed CPU verifier: a static KV cache and prepacked weights, optionally compiled by inductor.
 
 Why: on a CPU the cost of verifying q tokens at once, c(q), decides whether speculation pays. Eager
 transformers hands every small-M matrix product to MKL/oneDNN with a plain weight, which is repacked on
@@ -8,32 +8,30 @@ several rows. Here each Linear is reordered once into oneDNN's blocked layout
 gate/up are fused into one product each, and the KV cache is one preallocated tensor, so a forward is one
 pass over the weights plus a little attention, and c(8) stays near c(1) (figures: docs/cpu.md).
 
-    make_verifier(loaded, kind="auto", max_len=4096) -> Verifier
+    FastVerifier(model, max_len=4096, screen=False, compiled=False, ...) -> Verifier
 
-kinds
-    eager     rest_lsp.engine.verifier.HFVerifier: transformers' own forward (any architecture)
+kinds (which one runs where, and whether its tree rows are exact: rest_lsp/model/verifiers.py, the one place
+that chooses)
     packed    this module's forward with oneDNN-prepacked weights, full fp32 logits; ready in seconds
-    screened  packed, with the output projection screened in bf16: argmax(-1) exact (a proven bound, see
-              ScreenedHead), other logits approximate; needs native bf16 dot products to pay
+    screened  packed, with the output projection screened in bf16 (rest_lsp/model/screened.py): argmax(-1)
+              exact (a proven bound), other logits approximate; needs native bf16 dot products to pay
     compiled  the same forward under torch.compile (inductor, freezing, max-autotune CPU GEMM templates)
               per q bucket (1, 2, 4, 8, 16; other q run the packed path); many minutes of compiling
-    auto      screened where the CPU has native bf16 dot products, else packed; eager where the model is
-              not supported (architecture other than Qwen2/Llama, not on a CPU)
 
 An int8 or int4 model (rest_lsp/model/int8row.py: per-row W8A8; int8weight.py: weight-only int8 with bf16
-products; int4weight.py: the GGUF's 4-bit blocks, the rest int8w) runs its own quantized modules here, q/k/v and gate/up fused (bit-identical to the separate products), its
-int8 LM head as is (exact logits at that precision, so no screening); `packed`, `screened` and `auto` all give
-that path.
+products; int4weight.py: the GGUF's 4-bit blocks, the rest int8w) runs its own quantized modules here, q/k/v and
+gate/up fused (bit-identical to the separate products), its int8 LM head as is (exact logits at that precision,
+so no screening); `packed` and `screened` both give that path.
 
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
-exactly what plain decoding with that same verifier emits (tests/model/test_fast.py).
+exactly what plain decoding with that same verifier emits (tests/model/test_fast.py). Attention runs in the
+model's dtype where the CPU's attention is row-invariant (rest_lsp/model/probes.py sdpa_row_invariant), else
+in float64.
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -43,61 +41,17 @@ from rest_lsp.engine.verifier import SlotCache
 
 from .int8row import Int8RowLinear
 from .int4weight import WEIGHT_ONLY, fuse_weight_only
-from .ops import (MLP_GATED, SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_act, mlp_names, norm,
-                  norm_params, rope)
+from .ops import (MLP_GATED, UnsupportedModel, attention_window, mlp_act, mlp_names, norm, norm_params, pad_rows,
+                  rope)
+from .probes import NO_BF16, attend, bf16_packing_available, packing_available, sdpa_row_invariant
+from .screened import ScreenedHead
+from .support import QUANTIZED, check_supported
 
-KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
-QUANTIZED = (Int8RowLinear, *WEIGHT_ONLY)  # quantized linear layers the fast verifier runs as they are
 COMPILE_BUCKETS = (1, 2, 4, 8, 16)
 # oneDNN's packed fp32/bf16 products with 1 or 2 rows take a slower (gemv-like) path than 3..6 rows on the
 # development machine (e.g. 9728x896: 3.8 ms for 1 row, 2.8 ms for 4; the 151,936-row head 56 vs 46 ms):
 # products with fewer rows are padded with zero rows to this many (docs/cpu.md)
 MIN_ROWS = 4
-
-
-def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    return x if x.shape[0] >= rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
-
-
-def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-
-
-def bf16_packing_available() -> bool:
-    """oneDNN packs and multiplies bf16 here: it needs AVX512-BW/VL/DQ, AVX-NE-CONVERT or AMX (an AVX2-only CPU
-    has none; torch's own bf16 matmul still runs there, through the eager verifier)."""
-    return packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-_NO_BF16 = "need oneDNN's bf16 kernels (AVX512-BW/VL/DQ, AVX-NE-CONVERT or AMX), which this CPU lacks"
-
-
-def _check_supported(model: Any) -> None:
-    cfg = model.config
-    arch = getattr(cfg, "model_type", None)
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModel(f"fast verifier: architecture {arch!r} not supported (only {SUPPORTED_ARCHS})")
-    params = list(model.parameters())
-    if not params or any(p.device.type != "cpu" for p in params):
-        raise UnsupportedModel("fast verifier: CPU models only")
-    if any(p.dtype not in (torch.float32, torch.bfloat16) for p in params):
-        raise UnsupportedModel("fast verifier: fp32, bf16, int8 or int4 (rest-lsp's own modules) weights only")
-    if any(p.dtype == torch.bfloat16 for p in params) and not bf16_packing_available():
-        raise UnsupportedModel(f"fast verifier: bf16 weights {_NO_BF16}")
-    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        raise UnsupportedModel("fast verifier: attention without q/k/v/o projections")
-    linears = [getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    linears += [getattr(mlp, n, None) for n in mlp_names(mlp)]
-    norms = [model.model.norm, model.model.layers[0].input_layernorm, model.model.layers[0].post_attention_layernorm]
-    if not all(isinstance(n, torch.nn.LayerNorm) or hasattr(n, "variance_epsilon") for n in norms):
-        raise UnsupportedModel("fast verifier: norms must be RMSNorm (Llama-style) or LayerNorm")
-    linears.append(model.get_output_embeddings())
-    if not all(isinstance(m, (torch.nn.Linear, *QUANTIZED)) for m in linears):
-        raise UnsupportedModel("fast verifier: every projection must be a float nn.Linear or an int8 module "
-                               "(torch's quantize_dynamic int8 modules are not supported)")
-    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
-        raise UnsupportedModel("fast verifier: a per-head norm of the queries or of the keys alone")
 
 
 class Dense(torch.nn.Module):
@@ -197,117 +151,6 @@ class Layer(torch.nn.Module):
         return self.down(self.act(h))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-           dtype: torch.dtype | None) -> torch.Tensor:
-    """q [nh, q, hd], k/v [nkv, span, hd], mask [q, span] -> [nh, q, hd] in q's dtype; computed in `dtype`
-    (float64: see sdpa_row_invariant) or, None, in q's own."""
-    if dtype is None:
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
-    out = F.scaled_dot_product_attention(q[None].to(dtype), k[None].to(dtype), v[None].to(dtype), attn_mask=mask,
-                                         enable_gqa=True)
-    return out[0].to(q.dtype)
-
-
-@functools.cache
-def sdpa_row_invariant() -> bool:
-    """Whether torch's CPU attention gives a query row the same bits alone and among other rows (checked once
-    per process). Tree speculation is exact only if it does: a tree row and plain decoding's single row must
-    round alike. A tree call differs from the single row in two ways, both checked: more query rows, and more
-    keys (the tree's own, masked out for the root), so the row's span is longer. On the AVX-512 development
-    CPUs both gave the same bits; on an AVX2-only EPYC (Zen3) neither did (rows 1-3 of each block of 32 query
-    rows, and trailing masked keys, changed the last bits), and the fast verifier then attends in float64 (as
-    rest_lsp/model/static.py always does): results agree to ~1e-16 whatever the kernel's order, far below the
-    rounding to fp32 that follows. The cost there: a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7
-    s, an 8-row step +17% (docs/cpu.md)."""
-    g = torch.Generator().manual_seed(0)
-    n, keys = 70, 400
-    q, k, v = (torch.randn(shape, generator=g) for shape in ((4, n, 64), (2, keys, 64), (2, keys, 64)))
-    for past in (41, 300):
-        mask = torch.zeros(n, past + n, dtype=torch.bool)
-        mask[:, :past] = True
-        mask[:, past] = True  # every row sees the root (row 0) ...
-        mask[torch.arange(n), past + torch.arange(n)] = True  # ... and itself: siblings below the root
-        full = attend(q, k[:, :past + n], v[:, :past + n], mask, None)
-        for m in range(1, n):
-            if not torch.equal(attend(q[:, :m], k[:, :past + m], v[:, :past + m], mask[:m, :past + m], None),
-                               full[:, :m]):
-                return False
-    return True
-
-
-@functools.cache
-def eager_row_invariant(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether transformers' own forward (`eager`, HFVerifier: the fallback for architectures the fast paths do
-    not run) gives a row the same bits alone and among other rows on this CPU: its attention (as
-    `sdpa_row_invariant`) and its products (F.linear with 1-33 rows against 40). Where it does not (an AVX2-only
-    EPYC: all six tiny test models' root rows differed, docs/cpu.md), REST through it can part from plain
-    decoding at a near tie; the daemon says so (`ModelLimits.exact_trees`)."""
-    if not sdpa_row_invariant():
-        return False
-    g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(40, 512, generator=g).to(dtype), torch.randn(1024, 512, generator=g).to(dtype)
-    full = F.linear(x, w)
-    return all(torch.equal(F.linear(x[:m], w), full[:m]) for m in (1, 2, 3, 4, 5, 8, 13, 33))
-
-
-def cpu_has_bf16() -> bool:
-    """Native bf16 dot products (AVX512-BF16 or AMX): where a bf16 product costs half an fp32 one."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return ("avx512_bf16" in flags or "amx_bf16" in flags) and bf16_packing_available()
-
-
-class ScreenedHead(torch.nn.Module):
-    """The output projection with an exact argmax at half the memory traffic.
-
-    A bf16 product over a bf16 copy of the weight screens the vocabulary; only tokens whose logit could
-    still be the row's maximum get their fp32 logit computed exactly (a gather of a few weight rows).
-    Bound, for row x and token v with fp32 weight row w and bf16 copies x~, w~ (u = 2^-8, bf16's unit
-    roundoff; g = gamma_(K+2) = (K+2) 2^-24 / (1 - (K+2) 2^-24), fp32 accumulation over K terms):
-        |x.w - out_v| <= |x.(w - w~)| + |(x - x~).w~| + |fp32 sum error| + |bf16 output rounding|
-                      <= |x| e_v  +  u |x| |w~|  +  g |x~| |w~|  +  u/(1-u) |out_v|
-    with e_v = |w - w~| (exact: the difference of an fp32 and its bf16 rounding is representable), and the
-    fp32 recomputation of a candidate is within g |x| |w| of x.w. Every token whose interval reaches the
-    largest lower end is a candidate, so the exact argmax is always among them; a non-candidate's returned
-    (approximate) logit lies below that argmax's exact logit, so `logits.argmax(-1)` is exact, and so is
-    every candidate's value. Other values are the bf16 approximations: good for drafting, not for sampling.
-    """
-
-    def __init__(self, weight: torch.Tensor, min_rows: int = 1):
-        super().__init__()
-        self.min_rows = min_rows
-        w = weight.detach().float()
-        k = w.shape[1]
-        u = 2.0 ** -8
-        g = (k + 2) * 2.0 ** -24 / (1 - (k + 2) * 2.0 ** -24)
-        wb = w.to(torch.bfloat16)
-        wb_norm = wb.float().norm(dim=1)
-        err = (w - wb.float()).norm(dim=1)
-        # per-token coefficient of |x| in the bound (|x~| <= (1+u)|x|); 1% over for the norms' own rounding
-        self.register_buffer("coef", 1.01 * (err + u * wb_norm + g * ((1 + u) * wb_norm + w.norm(dim=1))),
-                             persistent=False)
-        self.out_round = 1.01 * u / (1 - u)
-        self.register_buffer("weight", w, persistent=False)  # fp32 rows for the exact recomputation
-        self.register_buffer("packed_bf16", torch.ops.mkldnn._reorder_linear_weight(wb, 8), persistent=False)
-        self.max_candidates = 4096  # beyond this many (a nearly flat row) one exact full product is cheaper
-        self.last_candidates = 0  # candidates in the last call (for benchmarks)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] fp32 -> logits [M, V] fp32
-        xb = pad_rows(x.to(torch.bfloat16), self.min_rows)
-        approx = torch.ops.mkldnn._linear_pointwise(xb, self.packed_bf16, None, "none", [], "")
-        approx = approx[: x.shape[0]].float()  # [M, V]
-        bound = x.norm(dim=1, keepdim=True) * self.coef + self.out_round * approx.abs() + 1e-5  # [M, V]
-        lowest_winner = (approx - bound).amax(dim=1, keepdim=True)  # [M, 1]
-        rows, cols = ((approx + bound) >= lowest_winner).nonzero(as_tuple=True)  # candidates
-        self.last_candidates = int(rows.numel())
-        if rows.numel() > self.max_candidates * x.shape[0]:
-            return F.linear(x, self.weight)
-        approx[rows, cols] = (x[rows] * self.weight[cols]).sum(-1)  # exact fp32 for the candidates
-        return approx
-
-
 class StaticLM(torch.nn.Module):
     """A gpt-fast-style forward of a Qwen2/Qwen3/Llama/Mistral/StarCoder2 causal LM over a preallocated KV cache.
 
@@ -382,7 +225,7 @@ class FastVerifier(SlotCache):
 
     def __init__(self, model: Any, *, max_len: int = 4096, screen: bool = False, compiled: bool = False,
                  buckets: Sequence[int] = COMPILE_BUCKETS, mode: str = "max-autotune", min_rows: int = MIN_ROWS):
-        _check_supported(model)
+        check_supported(model, "fast")
         if not packing_available():
             raise UnsupportedModel("fast verifier: this torch build has no oneDNN (mkldnn) linear prepacking")
         max_pos = getattr(model.config, "max_position_embeddings", None)
@@ -396,7 +239,7 @@ class FastVerifier(SlotCache):
         if screen and compiled:
             raise ValueError("fast verifier: the screened head runs on the packed eager path, not compiled")
         if screen and not bf16_packing_available():
-            raise UnsupportedModel(f"fast verifier: the screened head's bf16 copy and product {_NO_BF16}")
+            raise UnsupportedModel(f"fast verifier: the screened head's bf16 copy and product {NO_BF16}")
         if compiled and any(isinstance(m, QUANTIZED) for m in model.modules()):
             raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
         self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
@@ -520,36 +363,3 @@ class FastVerifier(SlotCache):
         finally:
             self.past_len = saved
         return dict(self.compile_seconds)
-
-
-def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwargs):
-    """A `Verifier` for a LoadedModel (rest_lsp.model.host) or a bare HF model.
-
-    kind: "eager" (HFVerifier), "packed", "screened" (packed + exact-argmax bf16-screened output
-    projection), "compiled", "static" (rest_lsp/model/static.py: the GPU verifier, any device), or "auto":
-    on a GPU static; on the CPU screened where it has native bf16 dot products, else packed; eager where
-    none supports the model (architecture, torch's quantize_dynamic modules; per-row int8 models run the fast path)."""
-    from rest_lsp.engine.verifier import HFVerifier
-
-    if kind not in KINDS:
-        raise ValueError(f"make_verifier: kind must be one of {KINDS}, got {kind!r}")
-    model = loaded if isinstance(loaded, torch.nn.Module) else loaded.model
-    if kind == "eager":
-        return HFVerifier(model)
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if kind == "static" or (kind == "auto" and not on_cpu):
-        from rest_lsp.model import static
-
-        try:
-            return static.StaticVerifier(model, max_len=max_len)
-        except UnsupportedModel:
-            if kind == "static":
-                raise
-            return HFVerifier(model)
-    if kind == "auto":
-        try:
-            return FastVerifier(model, max_len=max_len, screen=cpu_has_bf16(), **kwargs)
-        except UnsupportedModel:
-            return HFVerifier(model)
-    return FastVerifier(model, max_len=max_len, screen=(kind == "screened"), compiled=(kind == "compiled"),
-                        **kwargs)

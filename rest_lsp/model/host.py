@@ -288,7 +288,7 @@ def quantize(model, precision: str, gguf: Path | None = None):
         if precision == "int4w":
             if gguf is None:
                 raise ValueError("it reads a GGUF's 4-bit blocks, and this model was not loaded from a GGUF")
-            from .fast import cpu_has_bf16
+            from .probes import cpu_has_bf16
 
             # prompt chunks on the float layers: bf16 where the CPU multiplies it natively (2.4x fp32's speed)
             quantize_from_gguf(model, gguf, torch.bfloat16 if cpu_has_bf16() else torch.float32)

@@ -1,6 +1,7 @@
 """What both verifiers share (fast.py, static.py): the architectures they run, a decoder's norms and rotary embedding,
 computed as transformers computes them (the same dtypes and order of operations), so that a verifier's logits match
-the model's own forward, the two MLP layouts and the attention window."""
+the model's own forward, the two MLP layouts and the attention window; and the zero-row padding of the CPU's small
+products (fast.py, screened.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -60,6 +61,11 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return w * xf.to(x.dtype)
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [M, K] with zero rows appended up to `rows` (oneDNN's products of 1-2 rows take a slower path)."""
+    return x if x.shape[0] >= rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -228,7 +228,7 @@ def judge(rounds: dict[str, list[dict]]) -> tuple[dict[str, dict], list[str]]:
 
 def candidates(model_name: str) -> list[str]:
     """The precisions `auto` times for this model on this CPU, fp32 first (it wins ties)."""
-    from .fast import cpu_has_bf16
+    from .probes import cpu_has_bf16
 
     return ["fp32"] + [name for name, ok in (("bf16", cpu_has_bf16()), ("int8", int8_candidate(model_name)),
                                              ("int8w", int8w_candidate(model_name)),

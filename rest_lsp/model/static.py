@@ -2,7 +2,8 @@
 
     StaticVerifier(model, max_len=4096, rows=None, graphs=None) -> Verifier      (kind "static")
 
-Runs any device (the tests run it on the CPU); on CUDA it is what `make_verifier(loaded, "auto")` picks.
+Runs any device (the tests run it on the CPU); on CUDA it is what `make_verifier(loaded, "auto")` picks
+(rest_lsp/model/verifiers.py: the one place that chooses a verifier; which models it runs: support.py).
 
 Exactness. Greedy REST is exact only if a token's logits do not depend on how it was batched: verified alone
 (plain decoding), in a tree, or in a prompt chunk. A GPU breaks that twice. Its matrix kernels are chosen per
@@ -33,25 +34,8 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
-from .ops import SUPPORTED_ARCHS, UnsupportedModel, attention_window, mlp_names, norm, norm_params, rope
-
-
-def check_supported(model: Any) -> None:
-    cfg = model.config
-    arch = getattr(cfg, "model_type", None)
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModel(f"static verifier: architecture {arch!r} not supported (only {SUPPORTED_ARCHS})")
-    params = list(model.parameters())
-    if not params or any(p.dtype not in (torch.float32, torch.bfloat16, torch.float16) for p in params):
-        raise UnsupportedModel("static verifier: float weights only")
-    layer = model.model.layers[0]
-    attn, mlp = layer.self_attn, layer.mlp
-    mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    mods += [getattr(mlp, n, None) for n in mlp_names(mlp)]
-    if not all(isinstance(m, torch.nn.Linear) for m in mods):
-        raise UnsupportedModel("static verifier: every projection must be an nn.Linear")
-    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
-        raise UnsupportedModel("static verifier: a per-head norm of the queries or of the keys alone")
+from .ops import UnsupportedModel, attention_window, norm, norm_params, rope
+from .support import check_supported
 
 
 def _norm(x: torch.Tensor, hf_norm: torch.nn.Module) -> torch.Tensor:
@@ -70,7 +54,7 @@ class StaticVerifier(SlotCache):
 
     def __init__(self, model: Any, *, max_len: int = 4096, rows: int | None = None, graphs: bool | None = None,
                  span_step: int = 256, attention_dtype: torch.dtype = torch.float64):
-        check_supported(model)
+        check_supported(model, "static")
         cfg = model.config
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype

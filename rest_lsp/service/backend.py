@@ -76,13 +76,14 @@ class EngineBackend:
         # the policy `rest-lsp bench --methods rest` measures (rest_lsp/engine/policy.py)
         sources = make_sources("rest", context=self.context, history=self.history, repository=repository,
                                corpus=self.corpus, snippets=self.snippets)
-        from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
+        from rest_lsp.model.verifiers import choose_verifier
 
-        # a static KV cache and prepacked weights (rest_lsp/model/fast.py); eager where unsupported
-        verifier = make_verifier_or_eager(loaded, "auto")
-        self.verifier_kind = verifier_kind(verifier)
-        # checked here, on this device and CPU, through the verifier chosen, rather than assumed per kind
-        self.tree_check = tree_exactness(verifier, loaded, self.encode(TREE_PROBE_TEXT))
+        # which verifier runs here and whether its tree rows are exact: checked on this device and CPU, through
+        # the verifier chosen, rather than assumed per kind (rest_lsp/model/verifiers.py)
+        chosen = choose_verifier(loaded, self.encode(TREE_PROBE_TEXT))
+        verifier = chosen.verifier
+        self.verifier_kind = chosen.kind
+        self.tree_check = chosen.trees
         self.trees_exact = self.tree_check.exact
         if not self.trees_exact:
             log.warning("draft trees refused, completions decode plainly (a draftBudget setting overrides): %s",
@@ -193,7 +194,7 @@ class EngineBackend:
         lines = 1 if ctx.infill_in_line() else config.max_lines
         gen = GenerationConfig(
             max_new_tokens=config.max_tokens,
-            # automatic budget where trees verify exactly; plain decoding where they do not (tree_exactness)
+            # automatic budget where trees verify exactly; plain decoding where they do not (choose_verifier)
             draft_budget=config.draft_budget if config.draft_budget is not None or self.trees_exact else 0,
             max_lines=lines,
             stop_text=ctx.stop_text() if lines > 1 else None,
@@ -381,27 +382,3 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
         backend.precision_check = LiveCheck(loaded.name, precision_choice)
     backend.warm_up()
     return backend
-
-
-def trees_verify_exactly(verifier_kind: str, loaded) -> bool:
-    """Whether the CPU's kernels round a row alike alone and among others for transformers' own forward
-    (eager_row_invariant: products of 1-33 rows, more shapes than tree_exactness's one tree can try); the
-    other verifiers and devices are left to that check."""
-    if verifier_kind != "eager" or loaded.device.type != "cpu":
-        return True
-    from rest_lsp.model.fast import eager_row_invariant
-
-    return eager_row_invariant(next(loaded.model.parameters()).dtype)
-
-
-def tree_exactness(verifier, loaded, tokens: Sequence[int]):
-    """A TreeCheck (rest_lsp/model/verifiers.py): the verifier's own tree rows against its plain rows, on
-    every device and for every kind, and for the eager forward on a CPU its kernels' row invariance too."""
-    from rest_lsp.model.verifiers import TreeCheck, check_tree_rows, verifier_kind
-
-    check = check_tree_rows(verifier, tokens)
-    kind = verifier_kind(verifier)
-    if check.exact and not trees_verify_exactly(kind, loaded):
-        return TreeCheck(False, f"the {kind} verifier on cpu: this CPU's matrix products round a row "
-                                "differently alone than among others (eager_row_invariant)", check.ms)
-    return check

@@ -138,10 +138,10 @@ def test_bench_verifier_kinds_give_identical_tokens(tiny_dir, prompts_file, tmp_
                          "--verifier", kind])
         assert rc == 0
         reports[kind] = json.loads(out.read_text())
-    from rest_lsp.model.fast import cpu_has_bf16, packing_available
+    from rest_lsp.model.probes import cpu_has_bf16, packing_available
 
     eager, auto = reports["eager"], reports["auto"]
-    # auto's rule (rest_lsp/model/fast.py make_verifier) for a Qwen2 model on this CPU
+    # auto's rule (rest_lsp/model/verifiers.py make_verifier) for a Qwen2 model on this CPU
     want = ("screened" if cpu_has_bf16() else "packed") if packing_available() else "eager"
     assert eager["verifier"] == "eager" and auto["verifier"] == want
     for r in (eager, auto):
@@ -165,7 +165,8 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rest_lsp.engine.cost import cost_key
-    from rest_lsp.model.fast import UnsupportedModel, bf16_packing_available
+    from rest_lsp.model.ops import UnsupportedModel
+    from rest_lsp.model.probes import bf16_packing_available
     from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
 
     torch.manual_seed(0)

@@ -67,7 +67,9 @@ def test_forced_text_after_a_warm_up_uses_the_kept_logits_exactly(lm):
 
 @pytest.mark.parametrize("kind", ["packed", "screened"])
 def test_forced_text_through_the_fast_verifiers(lm, kind):
-    from rest_lsp.model.fast import UnsupportedModel, bf16_packing_available, make_verifier
+    from rest_lsp.model.ops import UnsupportedModel
+    from rest_lsp.model.probes import bf16_packing_available
+    from rest_lsp.model.verifiers import make_verifier
 
     if kind == "screened" and not bf16_packing_available():  # an AVX2-only CPU: refused with the reason
         with pytest.raises(UnsupportedModel, match="bf16"):

@@ -16,7 +16,7 @@ def test_a_warm_up_leaves_nothing_to_compute_for_the_same_prompt(fast):
     model = tiny_model("qwen2", 1)
     verifier = None
     if fast:
-        from rest_lsp.model.fast import make_verifier
+        from rest_lsp.model.verifiers import make_verifier
 
         verifier = make_verifier(model, "packed", max_len=512)
     engine = Engine(model, [(ContextSource(), 1.0)], verifier=verifier, eos_token_ids=[])

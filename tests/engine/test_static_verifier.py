@@ -98,8 +98,7 @@ def test_state_export_import_rows_and_limits():
 
 
 def test_verifier_kinds_pick_it(tmp_path):
-    from rest_lsp.model.fast import make_verifier
-    from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
+    from rest_lsp.model.verifiers import make_verifier, make_verifier_or_eager, verifier_kind
 
     model = tiny_model("qwen2", 0)
     assert verifier_kind(make_verifier_or_eager(model, "static")) == "static"

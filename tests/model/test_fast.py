@@ -10,8 +10,11 @@ import torch
 
 from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
-from rest_lsp.model.fast import (FastVerifier, ScreenedHead, UnsupportedModel, bf16_packing_available, make_verifier,
-                                 sdpa_row_invariant)
+from rest_lsp.model.fast import FastVerifier
+from rest_lsp.model.ops import UnsupportedModel
+from rest_lsp.model.probes import bf16_packing_available, sdpa_row_invariant
+from rest_lsp.model.screened import ScreenedHead
+from rest_lsp.model.verifiers import make_verifier
 from rest_lsp.model.int8weight import weight_int8_exact
 from testmodels.tiny import tiny_causal_lm
 
@@ -176,7 +179,7 @@ def test_a_sliding_window_caps_the_cache_where_it_is_full_attention(kind):
 
 
 def test_the_eager_forward_is_row_invariant_only_where_attention_and_products_are():
-    from rest_lsp.model.fast import eager_row_invariant
+    from rest_lsp.model.probes import eager_row_invariant
 
     if not sdpa_row_invariant():  # an AVX2-only CPU: transformers' forward cannot verify trees exactly
         assert eager_row_invariant() is False

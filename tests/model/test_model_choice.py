@@ -90,10 +90,10 @@ def machine(tmp_path, monkeypatch, tiny_model_dir):
     import dataclasses
 
     from restbase import assets
-    from rest_lsp.model import fast, host
+    from rest_lsp.model import host, probes
 
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path / "cost")
     for name in (SMALL, BIG):
         d = assets.converted_dir(name)

@@ -16,9 +16,9 @@ def tiny(tmp_path_factory):
 
 
 def test_without_native_bf16_it_stays_fp32(tiny, monkeypatch):
-    from rest_lsp.model import fast, precision
+    from rest_lsp.model import precision, probes
 
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: False)
     choice, why = precision.choose(tiny)
     assert choice == "fp32" and "bf16" in why["reason"]
 
@@ -51,9 +51,9 @@ def rounds(calls) -> list[str]:
 @pytest.fixture
 def cpu(monkeypatch, tmp_path):
     """A CPU with native bf16 (fp32 and bf16 are the candidates) and the cache in tmp_path."""
-    from rest_lsp.model import fast
+    from rest_lsp.model import probes
 
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     return tmp_path
 
@@ -221,9 +221,9 @@ def test_as_bf16_converts_the_weights(tiny):
 
 
 def test_int8_is_opt_in_for_a_model_without_a_quality_figure(tiny, monkeypatch, tmp_path):
-    from rest_lsp.model import fast, precision
+    from rest_lsp.model import precision, probes
 
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     assert tiny.name not in precision.INT8_QUALITY
     timer, calls = fake_timer({"fp32": [5.0], "bf16": [4.0], "int8": [1.0]})  # int8, were it timed, never is
@@ -235,10 +235,10 @@ def test_int8_is_opt_in_for_a_model_without_a_quality_figure(tiny, monkeypatch, 
 
 
 def test_int8_chosen_where_its_quality_passed_and_it_is_cheapest(tiny, monkeypatch, tmp_path):
-    from rest_lsp.model import fast, precision
+    from rest_lsp.model import precision, probes
     from rest_lsp.model.int8row import is_int8
 
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     monkeypatch.setitem(precision.INT8_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)
     timer, calls = fake_timer({"fp32": [5.0], "bf16": [4.0], "int8": [1.0]})
@@ -262,10 +262,10 @@ def test_as_int8_converts_the_linear_layers(tiny):
 
 @pytest.mark.skipif(not weight_int8_exact(), reason="int8w is refused where its kernel is not batch-invariant")
 def test_int8w_chosen_where_its_quality_passed_even_without_native_bf16(tiny, monkeypatch, tmp_path):
-    from rest_lsp.model import fast, precision
+    from rest_lsp.model import precision, probes
     from rest_lsp.model.int8weight import Int8WeightLinear
 
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path)
     assert precision.choose(tiny)[0] == "fp32"  # no figure for this model: int8w is opt-in
     monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, -precision.INT8_MAX_LOSS / 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rest_lsp.engine.verifier import HFVerifier
-from rest_lsp.model.fast import bf16_packing_available
+from rest_lsp.model.probes import bf16_packing_available
 from testmodels.tiny import tiny_causal_lm
 from rest_lsp.model.verifiers import check_tree_rows, make_verifier_or_eager
 
@@ -96,7 +96,7 @@ def test_one_ulp_in_a_screened_row_is_found():
 
 def test_the_eager_fallback_is_checked_off_the_cpu_too(monkeypatch):
     """transformers' forward off the CPU was once taken as exact without a check; now its own rows decide."""
-    from rest_lsp.service.backend import tree_exactness
+    from rest_lsp.model.verifiers import tree_exactness
 
     model = tiny_causal_lm("qwen2", seed=4, vocab_size=96)
     on_gpu = SimpleNamespace(device=torch.device("cuda"), model=model)
@@ -104,15 +104,15 @@ def test_the_eager_fallback_is_checked_off_the_cpu_too(monkeypatch):
     assert not check.exact and "the tree's root" in check.reason
     # on a CPU whose kernels round rows alike, an eager verifier that agrees with itself passes; where the
     # kernels do not (an AVX2 CPU), the eager forward is refused even when one small tree happens to agree
-    import rest_lsp.model.fast as fast
+    import rest_lsp.model.probes as probes
 
     on_cpu = SimpleNamespace(device=torch.device("cpu"), model=model)
     # an eager verifier whose tree rows agree (the packed one, reported as eager): only the kernel rule decides
     agreeing = Skewed(make_verifier_or_eager(model, "packed"), "none", kind="eager")
-    monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype: False)
+    monkeypatch.setattr(probes, "eager_row_invariant", lambda dtype: False)
     refused = tree_exactness(agreeing, on_cpu, TOKENS)
     assert not refused.exact and "eager_row_invariant" in refused.reason
-    monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype: True)
+    monkeypatch.setattr(probes, "eager_row_invariant", lambda dtype: True)
     assert tree_exactness(agreeing, on_cpu, TOKENS).exact
 
 

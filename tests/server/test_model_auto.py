@@ -33,10 +33,10 @@ def machine(tmp_path, monkeypatch, tiny_model):
     """Both embedded models converted in a tmp cache (each loads the tiny model under its own title), a CPU
     with native bf16, precision timings from `figures` (per precision, whichever model is timed)."""
     from restbase import assets
-    from rest_lsp.model import fast, host, precision
+    from rest_lsp.model import host, precision, probes
 
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(fast, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr("rest_lsp.engine.cost.cache_dir", lambda: tmp_path / "cost")
     monkeypatch.setattr(host, "embedded_model_dir", lambda model=None: tiny_model)
     for name in (SMALL, BIG):

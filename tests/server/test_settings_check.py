@@ -56,12 +56,12 @@ def test_an_engine_backend_states_its_limits(tmp_path, monkeypatch):
     assert limits.tree_reserve == backend.engine.drafter.draft_len + backend.engine.drafter.max_draft_nodes + 1
     assert backend.verifier_kind != "eager" and limits.exact_trees   # the fast path: rows round alike
     # where transformers' forward verifies (an architecture the fast paths do not run), it depends on the CPU
-    import rest_lsp.model.fast as fast
+    import rest_lsp.model.probes as probes
 
-    from rest_lsp.service.backend import trees_verify_exactly
+    from rest_lsp.model.verifiers import trees_verify_exactly
 
     for invariant in (False, True):
-        monkeypatch.setattr(fast, "eager_row_invariant", lambda dtype, v=invariant: v)
+        monkeypatch.setattr(probes, "eager_row_invariant", lambda dtype, v=invariant: v)
         assert trees_verify_exactly("eager", backend.loaded) is invariant
         assert trees_verify_exactly("packed", backend.loaded)
     # where trees are not exact, the automatic budget decodes plainly; an explicit one still drafts
