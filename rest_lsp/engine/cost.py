@@ -6,7 +6,9 @@ c(q) is measured once per model/precision/device/verifier and cached in the user
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,8 +147,33 @@ def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     # attention in float64 where the CPU's fp32 SDPA is not row-invariant (rest_lsp/model/probes.py) costs more
     if getattr(getattr(verifier, "lm", None), "attention_dtype", None) == torch.float64:
         kind += "-att64"
-    raw = f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
+    raw = (f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
+           f"-{forward_code(verifier)}")
     return safe_filename(raw)
+
+
+def forward_code(verifier: object) -> str:
+    """A digest of the source of this project's modules that run the verifier's forward (the verifier's own
+    class and every module class inside it: packed, quantized, screened products). A c(q) measured before
+    one of them changed is not read after: a cached int4w curve from an earlier kernel read 4x the cost
+    of the kernel that replaced it, and sized every draft tree from it."""
+    classes = {type(verifier)}
+    root = getattr(verifier, "lm", None)
+    if isinstance(root, torch.nn.Module):
+        classes.update(type(m) for m in root.modules())
+    files = set()
+    for cls in classes:
+        module = sys.modules.get(cls.__module__)
+        path = getattr(module, "__file__", None)
+        if path and cls.__module__.split(".")[0] == "rest_lsp":
+            files.add(path)
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            digest.update(path.encode())
+    return digest.hexdigest()[:10]
 
 
 def load_or_measure(

@@ -176,3 +176,38 @@ def test_engine_calibrate_measures_once_and_keeps_decoding_exact(tmp_path, monke
     assert engine.calibrate(qs=(1, 2, 4, 8)) == cost  # read back, not measured again
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=20))
     assert res.reused_tokens == 0 and res.tokens == plain_greedy(model, prompt, 20)
+
+
+def test_a_cost_curve_is_not_read_after_the_forward_code_changed(tmp_path, monkeypatch):
+    """cost_key carries a digest of the project's modules that run the verifier's forward: a c(q) cached
+    before a kernel changed (a slower earlier int4w once) is measured again, not read."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    from rest_lsp.engine.cost import cost_key, forward_code
+
+    src = tmp_path / "planted_kernel.py"
+
+    def load(body: str):
+        src.write_text("import torch\n\nclass Kernel(torch.nn.Module):\n    def forward(self, x):\n"
+                       f"        return {body}\n")
+        spec = importlib.util.spec_from_file_location("rest_lsp._planted_kernel", src)
+        mod = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "rest_lsp._planted_kernel", mod)
+        spec.loader.exec_module(mod)
+        verifier = type("V", (), {})()
+        verifier.lm = torch.nn.Sequential(mod.Kernel(), torch.nn.Linear(2, 2))
+        return verifier
+
+    first = load("x")
+    key, code = cost_key("m", "int4w", "cpu", first), forward_code(first)
+    assert cost_key("m", "int4w", "cpu", first) == key  # the same code: the same key, the cache is read
+    changed = load("x * 2")  # the kernel's file edited (a new version installed)
+    assert forward_code(changed) != code
+    assert cost_key("m", "int4w", "cpu", changed) != key
+    # only this project's modules count: torch's own Linear is the same whatever torch's version says
+    bare = type("V", (), {})()
+    bare.lm = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert forward_code(bare) == forward_code(type("V", (), {})())
