@@ -1,9 +1,10 @@
-"""Decoding speed in the team server, one engine (vLLM, CPU build), three proposers: none, vLLM's `ngram`,
-and REST (rest_lsp.team.proposer). Each server starts in turn with the same model and settings; every prompt
+"""Decoding speed in the team server, one engine (vLLM, CPU build), four proposers: none, vLLM's `ngram`,
+vLLM's `suffix` (Arctic Inference's suffix decoding: scripts/team_venv.sh with TEAM_SUFFIX=1) and REST
+(rest_lsp.team.proposer). Each server starts in turn with the same model and settings; every prompt
 is sent alone (greedy, temperature 0) and timed from the request to its last streamed token.
 
     python benchmarks/team_bench.py [--model M] [--prompts humaneval|FILE.jsonl] [--limit 5] [--max-tokens 128]
-                                    [--repo DIR]... [--specs none,ngram,rest] [--k 8] [--json OUT]
+                                    [--repo DIR]... [--specs none,ngram,suffix,rest] [--k 8] [--json OUT]
 
 Reports per proposer: tokens/s (sum of tokens / sum of times), vLLM's accepted tokens per draft and per
 draft token (its /metrics counters), and whether each output equals the `none` run's (the engine's own greedy
@@ -29,6 +30,15 @@ def load_prompts(spec: str, limit: int, offset: int) -> list[str]:
     return [p.prefix for p in bench_prompts(spec, limit=limit, offset=offset)]
 
 
+def suffix_ready(team_python: Path) -> str | None:
+    """None when the team venv has arctic-inference's suffix tree (vLLM's `suffix` method); else why not."""
+    lib = team_python.parent.parent / "lib"
+    if not any(lib.glob("python3*/site-packages/arctic_inference/suffix_decoding/_C*.so")):
+        return (f"--specs suffix: the team venv ({team_python}) has no arctic-inference "
+                "(TEAM_SUFFIX=1 bash scripts/team_venv.sh)")
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default=None)
@@ -37,14 +47,18 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repo", action="append", default=[])
-    p.add_argument("--specs", default="none,ngram,rest")
+    p.add_argument("--specs", default="none,ngram,rest", help="a comma list of none, ngram, suffix, rest")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--min-prob", type=float, default=0.0, help="REST's chain cut (team-server --min-prob)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    from harness import spec_metrics, team_server, team_venv_ready
+    from harness import spec_metrics, team_python, team_server, team_venv_ready
 
-    why = team_venv_ready()
+    specs = args.specs.split(",")
+    unknown = set(specs) - {"none", "ngram", "suffix", "rest"}
+    if unknown:
+        p.error(f"--specs: unknown {', '.join(sorted(unknown))}")
+    why = team_venv_ready() or ("suffix" in specs and suffix_ready(team_python())) or None
     if why:
         print(why, file=sys.stderr)
         return 2
@@ -55,7 +69,7 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.prompts, args.limit, args.offset)
     report, outputs = {"model": model_dir, "prompts": len(prompts), "max_tokens": args.max_tokens, "k": args.k,
                        "min_prob": args.min_prob, "runs": {}}, {}
-    for spec in args.specs.split(","):
+    for spec in specs:
         t0 = time.monotonic()
         team_args = ("--min-prob", str(args.min_prob)) if spec == "rest" else ()
         with team_server(model_dir, key="bench", spec=spec, repos=tuple(args.repo), k=args.k,

@@ -1,7 +1,7 @@
 """`rest-lsp team-server`: vLLM's OpenAI-compatible server on one model, with REST as its speculative proposer.
 
     rest-lsp team-server [--model M] [--repo DIR]... [--corpus DIR] [--host 127.0.0.1] [--port 8000]
-                         [--api-key-file F | --api-key-env VAR | --no-auth] [--spec rest|ngram|none]
+                         [--api-key-file F | --api-key-env VAR | --no-auth] [--spec rest|ngram|suffix|none]
                          [--num-speculative-tokens 8] [--max-model-len 4096] [--team-python PY] [--dry-run]
                          [-- VLLM_ARGS...]
 
@@ -106,6 +106,8 @@ def speculative_config(spec: str, k: int) -> str | None:
     if spec == "ngram":
         return json.dumps({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 5,
                            "prompt_lookup_min": 2})
+    if spec == "suffix":   # Arctic Inference's suffix decoding (scripts/team_venv.sh: TEAM_SUFFIX=1), its defaults
+        return json.dumps({"method": "suffix", "num_speculative_tokens": k})
     return None
 
 
@@ -143,8 +145,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default=KEY_ENV, help=f"the variable holding the API key (default {KEY_ENV}; "
                                                           "VLLM_API_KEY is read too)")
     p.add_argument("--no-auth", action="store_true", help="serve without a key (loopback addresses only)")
-    p.add_argument("--spec", choices=("rest", "ngram", "none"), default="rest",
-                   help="speculative decoding: REST (default), vLLM's ngram, or none")
+    p.add_argument("--spec", choices=("rest", "ngram", "suffix", "none"), default="rest",
+                   help="speculative decoding: REST (default), vLLM's ngram, vLLM's suffix (needs "
+                        "arctic-inference in the team venv), or none")
     p.add_argument("--num-speculative-tokens", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--dtype", default="float32", help="vLLM's --dtype (default float32: the CPU build)")
@@ -201,6 +204,9 @@ def main(argv: list[str]) -> int:
         env["VLLM_API_KEY"] = key
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # GiB of KV cache: vLLM's CPU default is sized for servers
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    # arctic-inference (for --spec suffix) registers a vLLM plugin that patches vLLM when this is 1, and on a
+    # CPU refuses to start ("requires the cuda platform"); suffix decoding needs only its suffix tree
+    env["ARCTIC_INFERENCE_ENABLED"] = "0"
     say(f"configuration {cfg_path} ({ENV_VAR}); REST sources: repositories {len(stores)}, corpus "
         f"{'yes' if corpus else 'no'}; key: {'required' if key else 'NONE (--no-auth)'}")
     say("command: " + " ".join(cmd))

@@ -152,6 +152,8 @@ def test_team_server_needs_a_key(tmp_path, monkeypatch, capsys, tiny_dir):
     assert cfg.tokenizer == str(tiny_dir)
     assert server.main(["--model", str(tiny_dir), "--no-auth", "--spec", "ngram", "--dry-run"]) == 0
     assert '"method": "ngram"' in capsys.readouterr().err
+    assert server.main(["--model", str(tiny_dir), "--no-auth", "--spec", "suffix", "--dry-run"]) == 0
+    assert '"method": "suffix"' in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------- client side
