@@ -166,10 +166,8 @@ def summarize_llama(rows: list[dict], ar_outputs: list[list[int]]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- report
-def table(report: dict) -> str:
-    c = report["costs"]
-    lines = [f"model {report['model']} ({report['gguf']}), ours at {c['ours']['precision']}, {report['threads']} threads,"
-             f" {report['cpu']}", "",
+def _cost_rows(c: dict) -> list[str]:
+    lines = ["", f"ours at {c['ours']['precision']}",
              "| cost after a 300-token cache, ms | llama.cpp (1st) | ours | llama.cpp (2nd) | ours / llama.cpp |",
              "|---|---|---|---|---|"]
     for q in QS:
@@ -179,6 +177,14 @@ def table(report: dict) -> str:
     lines.append(f"| decoding, 1 row, per token | {a:.1f} | {o:.1f} | {b:.1f} | {o / statistics.mean([a, b]):.2f}x |")
     a, b, o = (c["llama_1"]["c_ms"][64] / 64, c["llama_2"]["c_ms"][64] / 64, c["ours"]["c_ms"][64] / 64)
     lines.append(f"| prompt, per token (64-token chunk) | {a:.2f} | {o:.2f} | {b:.2f} | {o / statistics.mean([a, b]):.2f}x |")
+    return lines
+
+
+def table(report: dict) -> str:
+    c = report.get("costs")
+    lines = [f"model {report['model']} ({report['gguf']}), {report['threads']} threads, {report['cpu']}"]
+    if c:
+        lines += _cost_rows(c)
     h = report.get("humaneval")
     if h:
         lines += ["", f"HumanEval/0-{h['n'] - 1}, {h['max_new_tokens']} new tokens, greedy, corpus {h['corpus_text']['datastore_tokens']} tokens",
@@ -211,9 +217,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.render:
         report = json.loads(Path(args.render).read_text())
-        for k in ("llama_1", "llama_2"):  # JSON keys are strings; the rows hold the samples
+        for k in ("llama_1", "llama_2") if "costs" in report else ():  # the rows hold the samples
             report["costs"][k].update(costs_from_rows(report["costs"][k]["rows"]))
-        report["costs"]["ours"]["c_ms"] = {int(q): v for q, v in report["costs"]["ours"]["c_ms"].items()}
+        if "costs" in report:
+            report["costs"]["ours"]["c_ms"] = {int(q): v for q, v in report["costs"]["ours"]["c_ms"].items()}
         print(table(report))
         return 0
 
@@ -268,10 +275,10 @@ def main(argv=None) -> int:
                                "llama.cpp": lp, "llama.cpp lookup": ll, "corpus": str(corpus), "corpus_text": text,
                                "ours_command": ours.get("command"),
                                "llama_plain": plain, "llama_lookup": lookup}
-    print(table(report))
-    if args.json:
+    if args.json:  # before the table: a report is never lost to a formatting error
         Path(args.json).write_text(json.dumps(report, indent=1))
         log(f"wrote {args.json}")
+    print(table(report))
     return 0
 
 

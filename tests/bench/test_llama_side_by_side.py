@@ -52,3 +52,13 @@ def test_the_table_puts_ours_against_the_mean_of_the_two_llama_runs():
     assert "| c(1) | 10.0 | 20.0 | 10.0 | 2.00x |" in text
     assert "| decoding, 1 row, per token | 10.0 | 40.0 | 30.0 | 2.00x |" in text
     json.dumps(report)  # the report is written as JSON
+
+
+def test_a_run_without_the_costs_has_a_table_too():
+    """--skip-costs: the HumanEval part alone (a run once lost its report to a table that needed the costs)."""
+    h = {"n": 2, "max_new_tokens": 8, "corpus_text": {"datastore_tokens": 10},
+         "llama.cpp": {"tokens_per_s": 20.0},
+         "methods": {"ours rest (int4w)": {"tokens": 9, "tokens_per_s": 30.0, "accepted": 1.5, "same": 2},
+                     "llama.cpp plain": {"tokens": 9, "tokens_per_s": 20.0, "accepted": 1.0, "same": 1}}}
+    text = S.table({"model": "m", "gguf": "m.gguf", "threads": 2, "cpu": "c", "humaneval": h})
+    assert "| ours rest (int4w) | 9 | 30.00 | 1.50x | 1.5 | 2/2 |" in text and "c(1)" not in text
