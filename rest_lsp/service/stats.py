@@ -96,17 +96,20 @@ class Stats:
         t["accepted_per_step"] = round(t["tokens"] / t["steps"], 3) if t["steps"] else None
         served = t["requests"] - t["skipped"] - t["error"]
         t["cache_hit_rate"] = round(t["cache_hits"] / served, 3) if served else None
-        t["latency_ms_p50"] = _pct(lat, 50)
-        t["latency_ms_p95"] = _pct(lat, 95)
-        t["shown_latency_ms_p50"] = _pct(shown, 50)
-        t["shown_latency_ms_p95"] = _pct(shown, 95)
+        t["latency_ms_p50"] = percentile(lat, 50)
+        t["latency_ms_p95"] = percentile(lat, 95)
+        t["shown_latency_ms_p50"] = percentile(shown, 50)
+        t["shown_latency_ms_p95"] = percentile(shown, 95)
         t["uptime_s"] = round(time.time() - self.started, 1)
         t["failures"] = dict(sorted(failures.items(), key=lambda kv: -kv[1])[:20])
         return {"totals": t, "recent": recent, "config_problems": list(self.config_problems)}
 
 
-def _pct(xs: list[float], p: float) -> float | None:
-    if not xs:
+def percentile(xs, p: float) -> float | None:
+    """The nearest-rank p-th percentile of the latencies `xs`, to 0.1 ms (None for none): what `rest/stats`
+    reports, and what the typing benchmarks report of the same latencies (benchmarks/report.py)."""
+    if not len(xs):
         return None
+    xs = sorted(xs)
     i = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
     return round(xs[i], 1)
