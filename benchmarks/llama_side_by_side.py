@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from llama_peer import LlamaServer  # noqa: E402
+
+from rest_lsp.model.precision import cpu_name  # noqa: E402
 
 QS = (1, 2, 4, 8, 16, 64)
 PAST = 300
@@ -236,8 +237,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"{tools / tool} is missing: bash benchmarks/llama_server.sh")
     work = Path(args.work) if args.work else Path(__import__("tempfile").mkdtemp(prefix="side-by-side."))
     work.mkdir(parents=True, exist_ok=True)
-    report = {"model": args.model, "gguf": gguf.name, "threads": args.threads, "cpu": platform.processor() or
-              _cpu_name(), "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    report = {"model": args.model, "gguf": gguf.name, "threads": args.threads, "cpu": cpu_name(),
+              "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if not args.skip_costs:
         l1 = llama_costs(tools / "llama-bench", gguf, args.threads, args.repeats, log)
         ours = our_costs(args.model, args.precision, args.threads, args.repeats, work, log)
@@ -280,16 +281,6 @@ def main(argv=None) -> int:
         log(f"wrote {args.json}")
     print(table(report))
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 if __name__ == "__main__":

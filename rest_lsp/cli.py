@@ -77,7 +77,9 @@ def serve(argv: list[str]) -> int:
         p.error(f"{', '.join(tcp_only)} apply only with --tcp")
     if args.no_auth and args.token_file is not None:
         p.error("--no-auth writes no token file: give one of --no-auth and --token-file")
-    if args.no_auth and not _loopback(args.host):
+    from .transport import is_loopback
+
+    if args.no_auth and not is_loopback(args.host):
         p.error(f"--no-auth is allowed only on a loopback address (127.0.0.1, ::1, localhost), not {args.host!r}: "
                 "any machine that reaches the port could steer the server")
     if not 0 <= args.port <= 65535:
@@ -102,18 +104,6 @@ def serve(argv: list[str]) -> int:
     # our reader, not pygls' (rest_lsp/transport.py says why); the history is saved when the stream ends
     return transport.serve_stdio(server, max_body=max_body, on_end=lambda why: close_all(server),
                                  warn=transport.RateLimited(server.show_warning))
-
-
-def _loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback one (a name is resolved: "localhost" may be ::1)."""
-    import ipaddress
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def _serve_tcp(args: argparse.Namespace, config, max_body: int) -> int:
@@ -147,7 +137,7 @@ def _serve_tcp(args: argparse.Namespace, config, max_body: int) -> int:
             raise SystemExit(2) from None
         written.append(path)
         print(f"rest-lsp: token file: {path}", file=sys.stderr, flush=True)
-        if not _loopback(args.host):
+        if not transport.is_loopback(args.host):
             print("rest-lsp: warning: the token travels unencrypted; off this machine, use an SSH tunnel to a "
                   "loopback address instead", file=sys.stderr, flush=True)
 

@@ -842,3 +842,16 @@ def _ended(server, why: str, on_end: Callable[[str], None] | None) -> int:
         except Exception:  # noqa: BLE001 - exiting anyway
             log.exception("closing after the end of the stream")
     return 0 if shut else 1
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (a name is resolved: "localhost" may be ::1):
+    what a server without a key may listen on (`rest-lsp --tcp --no-auth`, `rest-lsp team-server --no-auth`)."""
+    import ipaddress
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)

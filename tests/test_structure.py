@@ -135,7 +135,7 @@ ALLOWED = {
     "rest_lsp.server": {"rest_lsp.documents", "rest_lsp.service"},
     "rest_lsp.cli": {"rest_lsp.bench", "rest_lsp.server", "rest_lsp.service", "rest_lsp.transport", "rest_lsp.team"},
     # the team server (vLLM's REST proposer and its launcher); its editor-side client is in rest_lsp.service
-    "rest_lsp.team": _BASE | {"restbase.assets", "rest_lsp.engine", "rest_lsp.model", "rest_lsp.service", "indexer"},
+    "rest_lsp.team": _BASE | {"restbase.assets", "rest_lsp.engine", "rest_lsp.model", "rest_lsp.service", "rest_lsp.transport", "indexer"},
 }
 
 

@@ -117,6 +117,17 @@ class Int8WeightLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def fused_rows_invariant(a: torch.nn.Module, b: torch.nn.Module, fused: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether `fused` (a and b in one product) gives each row of x [FLOAT_ROWS, K] the same bits alone and
+    inside batches of 2..FLOAT_ROWS rows, and the whole batch the bits of a and b apart: the weight-only
+    kernels' load-time check (weight_int8_exact, int4weight.weight_int4_exact)."""
+    alone = torch.cat([fused(x[i:i + 1]) for i in range(FLOAT_ROWS)])
+    for m in (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 40, FLOAT_ROWS - 1, FLOAT_ROWS):
+        if not torch.equal(fused(x[:m]), alone[:m]):
+            return False
+    return torch.equal(fused(x), torch.cat([a(x), b(x)], dim=1))
+
+
 @functools.cache
 def weight_int8_exact() -> bool:
     """Whether the kernel exists here and gives every row the same bits alone and inside batches of
@@ -128,11 +139,7 @@ def weight_int8_exact() -> bool:
         b = Int8WeightLinear.from_weight(torch.randn(37, 256, generator=g), torch.randn(37, generator=g))
         fused = Int8WeightLinear.fuse(a, b)
         x = torch.randn(FLOAT_ROWS, 256, generator=g) * torch.logspace(-1.5, 1.5, FLOAT_ROWS)[:, None]
-        alone = torch.cat([fused(x[i:i + 1]) for i in range(FLOAT_ROWS)])
-        for m in (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 40, FLOAT_ROWS - 1, FLOAT_ROWS):
-            if not torch.equal(fused(x[:m]), alone[:m]):
-                return False
-        return torch.equal(fused(x), torch.cat([a(x), b(x)], dim=1))
+        return fused_rows_invariant(a, b, fused, x)
     except (RuntimeError, AttributeError, NotImplementedError, ValueError):  # no such kernel on this build
         return False
 

@@ -27,6 +27,8 @@ import os
 import sys
 from pathlib import Path
 
+from rest_lsp.transport import is_loopback
+
 KEY_ENV = "REST_LSP_TEAM_KEY"
 PYTHON_ENV = "REST_LSP_TEAM_PYTHON"
 PROPOSER = "rest_lsp.team.proposer.RestProposer"
@@ -121,18 +123,6 @@ def vllm_command(python: str, model: str, name: str, args, extra: list[str]) -> 
     return cmd + extra
 
 
-def _loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback one."""
-    import ipaddress
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rest-lsp team-server", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="an embedded model (default qwen2.5-coder-0.5b), a model "
@@ -171,7 +161,7 @@ def main(argv: list[str]) -> int:
     say = lambda m: print(f"rest-lsp team-server: {m}", file=sys.stderr, flush=True)  # noqa: E731
     key = None if args.no_auth else read_key(args)
     if args.no_auth:
-        if not _loopback(args.host):
+        if not is_loopback(args.host):
             p.error(f"--no-auth is allowed only on a loopback address, not {args.host!r}")
     elif not key:
         p.error(f"no API key: put it in ${args.api_key_env} (or VLLM_API_KEY) or a file (--api-key-file); "
