@@ -32,14 +32,19 @@ def type_all(opened: str, bodies: list) -> str:
     return "\n".join(lines)
 
 
-def test_bodies_are_typed_where_they_were_removed(tmp_path):
+def prepared(tmp_path):
+    """A two-file project and bench_typing's workspace of it: (project root, workspace, files)."""
     root = tmp_path / "proj"
     (root / "pkg").mkdir(parents=True)
     for tag in ("alpha", "beta"):
         (root / "pkg" / f"{tag}.py").write_text(module(tag))
     work = tmp_path / "work"
     work.mkdir()
-    ws, files = T.prepare(root, n_files=2, limit=12, seed=3, work=work)
+    return (root, *T.prepare(root, n_files=2, limit=12, seed=3, work=work))
+
+
+def test_bodies_are_typed_where_they_were_removed(tmp_path):
+    root, ws, files = prepared(tmp_path)
     assert len(files) == 2
     assert sum(len(bodies) for _, _, bodies in files) >= 8  # several bodies per file: the case that went wrong
     for path, opened, bodies in files:

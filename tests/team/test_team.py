@@ -154,6 +154,13 @@ def test_team_server_needs_a_key(tmp_path, monkeypatch, capsys, tiny_dir):
     assert '"method": "ngram"' in capsys.readouterr().err
     assert server.main(["--model", str(tiny_dir), "--no-auth", "--spec", "suffix", "--dry-run"]) == 0
     assert '"method": "suffix"' in capsys.readouterr().err
+    from rest_lsp.model.probes import cpu_has_bf16
+
+    want = "bfloat16" if cpu_has_bf16() else "float32"   # --dtype auto, the default
+    assert server.main(["--model", str(tiny_dir), "--no-auth", "--dry-run"]) == 0
+    assert f"--dtype {want}" in capsys.readouterr().err
+    assert server.main(["--model", str(tiny_dir), "--no-auth", "--dtype", "half", "--dry-run"]) == 0
+    assert "--dtype half" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------- client side
