@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -139,12 +138,13 @@ def counters(url: str) -> dict[str, float]:
     """vLLM's token counters from /metrics (summed over label sets), and its speculative-decoding ones."""
     from harness import get, spec_metrics
 
+    body = get(url + "/metrics")[1]   # one read for both: the counters of one moment
     out = dict.fromkeys(COUNTERS, 0.0)
-    for line in get(url + "/metrics")[1].decode().splitlines():
+    for line in body.decode().splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in out:
             out[name] += float(line.rsplit(" ", 1)[1])
-    return {**out, **spec_metrics(url)}
+    return {**out, **spec_metrics(url, body)}
 
 
 def reset_prefix_cache(url: str) -> bool:
@@ -187,7 +187,7 @@ def targets(runs: dict) -> list[str]:
     out = []
     if team:
         n = max(team, key=int)
-        one = team.get("1") or team.get(1)
+        one = team.get("1")
         if one and str(n) != "1" and one["shown_ms_p95"] and team[n]["shown_ms_p95"] is not None:
             ratio = team[n]["shown_ms_p95"] / one["shown_ms_p95"]
             out.append(f"latency: team server, {n} typists' shown p95 {team[n]['shown_ms_p95']:.0f} ms = {ratio:.2f}x "
@@ -240,13 +240,6 @@ def markdown(report: dict) -> str:
             if r.get("note"):
                 out.append(f"{arm}, {n} typists: {r['note']}")
     return "\n".join(out)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
 
 
 async def type_plan(run: T.MethodRun, plan: list, args) -> None:
@@ -328,6 +321,7 @@ async def run_n(arm: str, n: int, ws: Path, files: list, args, logs: Path, url: 
 
 async def main_async(args) -> dict:
     from harness import team_server, team_venv_ready
+    from rest_lsp.model.precision import cpu_name
     from rest_lsp.team.server import resolve_model
 
     ns = [int(x) for x in args.typists.split(",")]

@@ -51,9 +51,11 @@ def get(url: str, key: str | None = None, timeout: float = 5.0) -> tuple[int, by
         return e.code, e.read()
 
 
-def spec_metrics(url: str) -> dict[str, float]:
-    """vLLM's speculative-decoding counters from /metrics (not behind the key)."""
-    status, body = get(url + "/metrics")
+def spec_metrics(url: str, body: bytes | None = None) -> dict[str, float]:
+    """vLLM's speculative-decoding counters from /metrics (not behind the key), or from `body`, a /metrics
+    reply already read."""
+    if body is None:
+        body = get(url + "/metrics")[1]
     out = {}
     for line in body.decode().splitlines():
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
