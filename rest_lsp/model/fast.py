@@ -293,6 +293,37 @@ class FastVerifier(SlotCache):
         self._last_logits = logits
         return logits
 
+    def release_model_copies(self, model: Any) -> int:
+        """Empty the tensors of `model` (the transformers model this verifier was built from) that the verifier
+        holds its own copies of: the float weights its oneDNN-packed layers reordered, the parts of fused
+        quantized products. The process then keeps one copy of each weight (a daemon's anonymous memory, the
+        embedded 0.5B in bf16: 2.73 -> 1.69 GiB; the 1.5B at int4w: 7.60 -> 4.83, docs/results/memory.md). Whatever the
+        verifier still reads (embeddings, a tied or quantized head, biases, unfused buffers) is kept. The model's
+        own forward cannot run afterwards, and make_verifier refuses it: the daemon calls this once its verifier
+        is final. -> bytes freed."""
+        if self.compiled:
+            raise ValueError("release_model_copies: the compiled path's layers read the model's own tensors")
+        # every tensor the verifier's modules hold: parameters, buffers and plain attributes (Norm's, the embeddings)
+        held = [t for m in self.lm.modules() for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
+                if isinstance(t, torch.Tensor)]
+        kept = {t.untyped_storage().data_ptr() for t in held if t.layout == torch.strided}  # oneDNN's packed: ours
+        head = model.get_output_embeddings()
+        freed: dict[int, int] = {}
+        for mod in (*model.model.layers.modules(), *head.modules()):
+            for table in (mod._parameters, mod._buffers):
+                for name, t in table.items():
+                    if t is None or t.numel() == 0:
+                        continue
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr in kept:
+                        continue
+                    freed[ptr] = t.untyped_storage().nbytes()
+                    empty = torch.empty(0, dtype=t.dtype)
+                    table[name] = torch.nn.Parameter(empty, requires_grad=False) if table is mod._parameters \
+                        else empty
+        model.rest_released = True
+        return sum(freed.values())
+
     def row_scorer(self, row: int):
         head = self.lm.head
         if isinstance(head, ScreenedHead) and self._last_hidden is not None:

@@ -81,6 +81,13 @@ log = logging.getLogger(__name__)
 KINDS = ("auto", "eager", "packed", "screened", "compiled", "static")
 
 
+def _unreleased(model: Any) -> Any:
+    if getattr(model, "rest_released", False):
+        raise ValueError("this model's weights were released to the packed verifier that copied them "
+                         "(FastVerifier.release_model_copies): load the model again for another verifier")
+    return model
+
+
 def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwargs) -> Verifier:
     """A `Verifier` for a LoadedModel (rest_lsp.model.host) or a bare HF model (the table above).
 
@@ -91,7 +98,7 @@ def make_verifier(loaded: Any, kind: str = "auto", *, max_len: int = 4096, **kwa
     path). kwargs go to FastVerifier (min_rows, buckets, mode)."""
     if kind not in KINDS:
         raise ValueError(f"make_verifier: kind must be one of {KINDS}, got {kind!r}")
-    model = loaded if isinstance(loaded, torch.nn.Module) else loaded.model
+    model = _unreleased(loaded if isinstance(loaded, torch.nn.Module) else loaded.model)
     if kind == "eager":
         return HFVerifier(model)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
@@ -120,7 +127,7 @@ def make_verifier_or_eager(loaded: Any, kind: str = "auto", **kwargs) -> Verifie
     if kind not in KINDS:
         raise ValueError(f"verifier kind must be one of {', '.join(KINDS)}, got {kind!r}")
     bare = isinstance(loaded, torch.nn.Module)
-    model = loaded if bare else loaded.model
+    model = _unreleased(loaded if bare else loaded.model)
     device = None if bare else getattr(loaded, "device", None)
     if kind == "eager":
         return HFVerifier(model, device)

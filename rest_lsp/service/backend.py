@@ -54,6 +54,8 @@ class EngineBackend:
 
         self.loaded = loaded
         self.name = loaded.name
+        # the model's size in fp32, for the memory check of a re-measurement (its tensors may be released later)
+        self.fp32_bytes = 4 * sum(t.numel() for t in (*loaded.model.parameters(), *loaded.model.buffers()))
         self.repository = repository
         self.corpus = None
         self.corpus_error: str | None = None
@@ -245,8 +247,7 @@ class EngineBackend:
         from rest_lsp.model import precision
         from rest_lsp.model.host import load_model
 
-        fp32_bytes = 4 * sum(t.numel() for t in (*self.loaded.model.parameters(), *self.loaded.model.buffers()))
-        busy = precision.machine_allows(fp32_bytes)
+        busy = precision.machine_allows(self.fp32_bytes)
         if busy is not None:
             check.reason = f"re-measurement postponed: {busy}"
             return None  # asked again after the next job
@@ -380,5 +381,13 @@ def load_backend(config: ServerConfig, repository: DatastoreSet | None = None) -
         from rest_lsp.model.precision import LiveCheck
 
         backend.precision_check = LiveCheck(loaded.name, precision_choice)
+    release = getattr(backend.engine.verifier, "release_model_copies", None)
+    if release is not None and not getattr(backend.engine.verifier, "compiled", False):
+        # one copy of each weight in the daemon: the packed verifier's (nothing here runs the model's own forward)
+        from rest_lsp.model.host import return_freed_memory
+
+        freed = release(loaded.model)
+        log.info("released %.2f GB of model tensors the verifier holds its own copies of (heap trimmed: %s)",
+                 freed / 1e9, return_freed_memory())
     backend.warm_up()
     return backend

@@ -389,6 +389,59 @@ def test_int8_weight_rows_round_alike_and_prompt_chunks_take_the_float_layer():
         Int8WeightLinear.from_linear(torch.nn.Linear(200, 8))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", pytest.param("int8w", marks=needs_int8w)])
+def test_releasing_the_models_copies_frees_them_and_keeps_the_verifiers_output(precision):
+    """A packed verifier holds its own copies of the model's weights; releasing the model's frees exactly the
+    tensors the verifier does not read (the layers' float weights; not the tied embeddings, the biases the packed
+    layers share, or a quantized head the verifier runs as it is), and the verifier decodes the same tokens
+    after it. The released model refuses to make another verifier."""
+    import copy
+
+    from rest_lsp.model.int8weight import Int8WeightLinear, quantize_weights
+
+    model = tiny("llama", 4, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    if precision == "int8w":
+        model = quantize_weights(copy.deepcopy(model))
+    fast = FastVerifier(model, max_len=256)
+    x = prompt(4, 12)
+    before, _ = greedy(fast, x, 20)
+    spec_before, _ = greedy(fast, x, 20, truth=before, seed=4, max_nodes=4)
+    layer = model.model.layers[0]
+    floats = [layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
+    if precision == "int8w":
+        floats = [m.wide for m in floats]
+    expected = sum(m.weight.untyped_storage().nbytes() for l in model.model.layers
+                   for m in l.modules() if isinstance(m, torch.nn.Linear))
+    bias = layer.self_attn.o_proj.bias
+    head = model.get_output_embeddings()
+    embed = model.model.embed_tokens.weight.data_ptr()
+
+    freed = fast.release_model_copies(model)
+
+    # the float weights of every layer and what the fused products copied (q/k/v's biases); not the norms or
+    # the biases the packed layers share (o's)
+    assert freed >= expected > 0
+    assert all(m.weight.numel() == 0 for m in floats)
+    assert layer.self_attn.q_proj.bias.numel() == 0
+    assert layer.self_attn.o_proj.bias.numel() == bias.numel() > 0 and layer.input_layernorm.weight.numel() > 0
+    assert model.model.embed_tokens.weight.data_ptr() == embed
+    if precision != "int8w":  # an untied float head: packed by the verifier, released by the model
+        assert head.weight.numel() == 0 and head.out_features == VOCAB
+    else:
+        assert isinstance(head, Int8WeightLinear) and head.qweight.numel() > 0 and head.wide.weight.numel() > 0
+        # the fused q/k/v copy the parts' int8 weights: the parts' are released too
+        assert layer.self_attn.q_proj.qweight.numel() == 0
+    after, _ = greedy(fast, x, 20)
+    assert after == before
+    assert greedy(fast, x, 20, truth=before, seed=4, max_nodes=4)[0] == spec_before == before
+    with pytest.raises(ValueError, match="released"):
+        make_verifier(model, "packed")
+    with pytest.raises(ValueError, match="released"):
+        make_verifier(model, "eager")
+    with pytest.raises(ValueError, match="compiled"):
+        FastVerifier(tiny("qwen2", 1, layers=1), max_len=32, compiled=True).release_model_copies(model)
+
+
 def test_compiled_buckets_emit_plain_greedy():
     """The compile path at the smallest shapes (1 layer, one bucket of 4 serving q = 1..4 padded; inductor's
     default mode); the max-autotune variant runs with REST_LSP_SLOW_TESTS=1."""

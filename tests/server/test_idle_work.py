@@ -112,6 +112,18 @@ def test_the_backend_holds_its_live_steps_to_the_measurement_and_measures_again_
 
     backend, figures = tiny_backend
     assert backend.loaded.precision == "fp32" and backend.precision_choice["choice"] == "fp32"
+    # the daemon keeps one copy of each weight: the packed verifier's (the model's own were released), and the
+    # re-measurement's memory check still knows the model's size
+    assert backend.loaded.model.rest_released and backend.verifier_kind in ("packed", "screened")
+    assert backend.loaded.model.model.layers[0].mlp.down_proj.weight.numel() == 0
+    # the untied head: packed (released), or read as it is by the screened head's exact recomputation (kept)
+    head = backend.loaded.model.get_output_embeddings()
+    assert (head.weight.numel() > 0) == (backend.verifier_kind == "screened")
+    assert backend.loaded.vocab_size == backend.engine.vocab_size > 0
+    from rest_lsp.model.host import load_model
+
+    again = load_model(backend.model_spec, device="cpu", precision="fp32").model
+    assert backend.fp32_bytes == 4 * sum(t.numel() for t in (*again.parameters(), *again.buffers())) > 0
     check = backend.precision_check
     assert check is not None and backend.idle_work() is None  # nothing disagrees yet
     # a real run's steps reach the check when the run stops (the tiny model's steps are far below 97.6 ms)
