@@ -304,23 +304,21 @@ class FastVerifier(SlotCache):
         if self.compiled:
             raise ValueError("release_model_copies: the compiled path's layers read the model's own tensors")
         # every tensor the verifier's modules hold: parameters, buffers and plain attributes (Norm's, the embeddings)
-        held = [t for m in self.lm.modules() for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
+        held = [t for m in self.lm.modules()
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False), *vars(m).values())
                 if isinstance(t, torch.Tensor)]
         kept = {t.untyped_storage().data_ptr() for t in held if t.layout == torch.strided}  # oneDNN's packed: ours
         head = model.get_output_embeddings()
         freed: dict[int, int] = {}
         for mod in (*model.model.layers.modules(), *head.modules()):
-            for table in (mod._parameters, mod._buffers):
-                for name, t in table.items():
-                    if t is None or t.numel() == 0:
-                        continue
-                    ptr = t.untyped_storage().data_ptr()
-                    if ptr in kept:
-                        continue
-                    freed[ptr] = t.untyped_storage().nbytes()
-                    empty = torch.empty(0, dtype=t.dtype)
-                    table[name] = torch.nn.Parameter(empty, requires_grad=False) if table is mod._parameters \
-                        else empty
+            for name, t in (*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)):
+                ptr = t.untyped_storage().data_ptr()
+                if t.numel() == 0 or ptr in kept:
+                    continue
+                freed[ptr] = t.untyped_storage().nbytes()
+                empty = torch.empty(0, dtype=t.dtype)
+                setattr(mod, name, torch.nn.Parameter(empty, requires_grad=False)
+                        if isinstance(t, torch.nn.Parameter) else empty)
         model.rest_released = True
         return sum(freed.values())
 
