@@ -99,11 +99,29 @@ def serve(argv: list[str]) -> int:
         p.error("; ".join(problems))
     max_body = args.max_message_bytes or transport.MAX_BODY
     if args.tcp:
-        return _serve_tcp(args, config, max_body)
+        return _leave(_serve_tcp(args, config, max_body))
     server = create_server(config)
     # our reader, not pygls' (rest_lsp/transport.py says why); the history is saved when the stream ends
-    return transport.serve_stdio(server, max_body=max_body, on_end=lambda why: close_all(server),
-                                 warn=transport.RateLimited(server.show_warning))
+    return _leave(transport.serve_stdio(server, max_body=max_body, on_end=lambda why: close_all(server),
+                                        warn=transport.RateLimited(server.show_warning)))
+
+
+def _leave(code: int) -> int:
+    """The exit code; or, where a worker thread outlived its session (a model still loading when the client
+    left), the process leaves at once with it: that thread inside torch would meet the interpreter's
+    finalization and abort the process ("terminate called without an active exception", exit -6 instead of 1:
+    a client that disconnected while the embedded model loaded). Nothing is left to write by then (the sessions
+    are closed, the history saved, the token file removed); the logs are flushed first."""
+    import os
+
+    from .service.worker import outlived_close
+
+    if not outlived_close():
+        return code
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _serve_tcp(args: argparse.Namespace, config, max_body: int) -> int:

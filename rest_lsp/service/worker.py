@@ -21,6 +21,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Generator
 from concurrent.futures import Future
 from typing import Any, Callable, Generic, TypeVar
@@ -76,6 +77,16 @@ class Job:
         return f"Job({self.kind} {self.key!r} p{self.priority} #{self.seq})"
 
 
+_WORKERS: "weakref.WeakSet[InferenceWorker]" = weakref.WeakSet()
+
+
+def outlived_close() -> bool:
+    """Whether a closed worker's thread still runs: a model load cannot be interrupted, and close() waits 5 s
+    for it. Such a thread meets the interpreter's finalization if the process then exits normally (the CLI's
+    end: rest_lsp/cli.py)."""
+    return any(w._closed and w._thread.is_alive() for w in list(_WORKERS))
+
+
 class InferenceWorker(Generic[B]):
     def __init__(self, queue_size: int = 8, name: str = "rest-lsp-inference", idle_after_s: float = IDLE_AFTER_S):
         self.queue_size = max(1, queue_size)
@@ -98,6 +109,7 @@ class InferenceWorker(Generic[B]):
         self._loaded = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _WORKERS.add(self)
 
     # -- called from any thread ---------------------------------------------------------------------
     def load(self, loader: Callable[[], B]) -> None:

@@ -366,3 +366,20 @@ def test_withhold_keeps_the_shape_and_the_other_settings():
     assert kept == {"restLsp": {"layout": "line"}, "other": 1} and dropped == ["corpus"]
     assert withhold({"device": "cpu"}, PATH_KEYS) == ({"device": "cpu"}, [])
     assert withhold(None, PATH_KEYS) == (None, [])
+
+
+@pytest.mark.embedded
+def test_a_client_leaving_while_the_model_loads_ends_the_server_cleanly(tmp_path):
+    """The embedded model loads for longer than a session's end waits for its worker (5 s): the process must
+    still end with 1, not abort in the interpreter's finalization with that thread inside torch (SIGABRT,
+    "terminate called without an active exception": 1-2 of 3 tries before rest_lsp/cli.py's `_leave`). The
+    client leaves at three moments of the load (imports, weights, the verifier)."""
+    for i, after_s in enumerate((0.3, 1.0, 2.5)):
+        (tmp_path / str(i)).mkdir()
+        srv = TcpServer(tmp_path / str(i), ("--exit-on-disconnect",), {})
+        peer = Peer(srv.port)
+        assert "result" in peer.initialize({"token": srv.token, "persistHistory": False})
+        time.sleep(after_s)
+        peer.close()
+        assert srv.proc.wait(120) == 1, "\n".join(srv.lines[-20:])
+        assert not any("terminate called" in line for line in srv.lines)
