@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_typing import wait_quiet  # noqa: E402
 from lsp_client import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +53,7 @@ async def measure(model: str, precision: str, workspace: Path, file: str, positi
         server.open(uri, path.read_text())
         items = await server.complete(uri, *position, invoked=True)
         text = (getattr(items, "items", None) or [None])[0]
-        quiet, last = time.perf_counter() + 30, server.cpu_seconds()
-        while time.perf_counter() < quiet:   # until the daemon's background work (predictions, warm-up) is done
-            await asyncio.sleep(1.0)
-            now = server.cpu_seconds()
-            if now - last < 0.05:
-                break
-            last = now
+        await wait_quiet(server, quiet_s=1.0, cap_s=30.0)   # its background work (predictions, warm-up) done
         model_st = (await server.stats()).get("model") or st.get("model") or {}
         return {"model": model, "precision": precision, "chosen": model_st.get("precision"),
                 "verifier": model_st.get("verifier"), "ready_s": round(ready_s, 1),
