@@ -56,7 +56,11 @@ def run(cmd: list[str], log) -> str:
     t = time.perf_counter()
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     if r.returncode:
-        raise SystemExit(f"{cmd[0]} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        hint = ""
+        if r.returncode < 0 and "llama" in Path(str(cmd[0])).name:
+            hint = ("\n(killed by a signal: on a machine with AMX, llama.cpp's AMX kernels can crash (its issue 20824); "
+                    "rebuild without them: LLAMA_AMX=off bash benchmarks/llama_server.sh)")
+        raise SystemExit(f"{cmd[0]} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}{hint}")
     log(f"  ({time.perf_counter() - t:.0f} s)")
     return r.stdout
 

@@ -3,7 +3,8 @@ new block only once its prompt is computed.
 
     blocks = Blocks(settings, repository, stats, worker, scheduler)
     blocks.placed(uri, text, ctx)     # every edit and request: a file switch or a new name at the cursor asks
-                                      # for a selection (on the selection thread; the latest per document)
+                                      # for a selection (on the selection thread; the latest per document; a
+                                      # keystroke's changes the block only with a new definition)
     blocks.saved(uri)                 # a save: the place joins the recent-files ring, and a selection
     blocks.current(uri)               # the block every prompt of the document starts with now (None: none/off)
 
@@ -68,7 +69,7 @@ class Blocks:
         self._set_place(uri, text, ctx)
         line_after = ctx.suffix.split("\n", 1)[0]
         if prev != uri or self.keeper.new_names(uri, ctx.prefix, line_after):
-            self._request_selection(uri, text, ctx)
+            self._request_selection(uri, text, ctx, keystroke=prev == uri)
 
     def saved(self, uri: str) -> None:
         """A save: the place joins the recent-files ring and the document's block is selected again."""
@@ -137,11 +138,14 @@ class Blocks:
         if path is not None:
             self.keeper.ring.add(str(path), text, line)
 
-    def _request_selection(self, uri: str, text: str, ctx: CompletionContext) -> None:
-        """Select the document's block on the selection thread; only the latest request of a document runs."""
+    def _request_selection(self, uri: str, text: str, ctx: CompletionContext, keystroke: bool = False) -> None:
+        """Select the document's block on the selection thread; only the latest request of a document runs (a
+        keystroke's only when every request it replaced was a keystroke's too)."""
         with self._selecting_lock:
             first = uri not in self._selecting
-            self._selecting[uri] = (text, ctx)
+            if not first:
+                keystroke = keystroke and self._selecting[uri][2]
+            self._selecting[uri] = (text, ctx, keystroke)
         if first:
             try:
                 self._selector.submit(self._select, uri)
@@ -150,7 +154,7 @@ class Blocks:
 
     def _select(self, uri: str) -> None:
         with self._selecting_lock:
-            text, ctx = self._selecting.pop(uri, (None, None))
+            text, ctx, keystroke = self._selecting.pop(uri, (None, None, False))
         backend = self.worker.backend
         if text is None or backend is None:
             return
@@ -162,7 +166,7 @@ class Blocks:
         except Exception:  # noqa: BLE001 - completions go on with the block they have
             log.exception("cross-file selection failed for %s", uri)
             return
-        if sel is not None and self.keeper.offer(uri, sel):
+        if sel is not None and self.keeper.offer(uri, sel, keystroke=keystroke):
             # stopped or dropped before the block was computed: it is not pending any more, so that the next
             # selection offers it again instead of finding it "unchanged"
             self.scheduler.warm_block(uri, ctx, sel, promote=lambda: self.keeper.promote(uri, sel),

@@ -486,7 +486,7 @@ class ContextKeeper:
         self.ring = ring or RecentRing()
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._lock = threading.Lock()
-        self.counts = {"selections": 0, "offered": 0, "promoted": 0, "unchanged": 0}
+        self.counts = {"selections": 0, "offered": 0, "promoted": 0, "unchanged": 0, "kept": 0}
 
     def _doc(self, uri: str) -> _DocState:
         st = self._docs.get(uri)
@@ -521,8 +521,10 @@ class ContextKeeper:
             words = words[:-1]  # still being typed
         return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
 
-    def offer(self, uri: str, sel: Selection) -> bool:
-        """Take a fresh selection; True when it differs from the block in use (it becomes pending)."""
+    def offer(self, uri: str, sel: Selection, *, keystroke: bool = False) -> bool:
+        """Take a fresh selection; True when it differs from the block in use (it becomes pending). A selection
+        a keystroke asked for (a new name at the cursor) must bring a definition or use the block lacks: the
+        similar code and the ring shift as the window slides, and a new block costs its whole prompt again."""
         with self._lock:
             st = self._doc(uri)
             self.counts["selections"] += 1
@@ -531,6 +533,9 @@ class ContextKeeper:
             base = st.pending or st.current
             if base is not None and base.keys == sel.keys and base.repo.path == sel.repo.path:
                 self.counts["unchanged"] += 1
+                return False
+            if keystroke and base is not None and not new_definitions(sel, base):
+                self.counts["kept"] += 1
                 return False
             if base is None and not sel.snippets:
                 st.current = sel   # nothing to compute first: the path line alone
@@ -573,6 +578,12 @@ class ContextKeeper:
     def forget(self, uri: str) -> None:
         with self._lock:
             self._docs.pop(uri, None)
+
+
+def new_definitions(sel: Selection, base: Selection) -> bool:
+    """Whether `sel` holds a definition or use (of a name at the cursor) that `base` does not."""
+    return any(s.selector in ("definitions", "uses") and (s.path, s.start, s.end) not in base.keys
+               for s in sel.snippets)
 
 
 def files_of(chosen: Sequence[Snippet]) -> tuple[tuple[str, str], ...]:

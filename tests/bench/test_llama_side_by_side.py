@@ -62,3 +62,20 @@ def test_a_run_without_the_costs_has_a_table_too():
                      "llama.cpp plain": {"tokens": 9, "tokens_per_s": 20.0, "accepted": 1.0, "same": 1}}}
     text = S.table({"model": "m", "gguf": "m.gguf", "threads": 2, "cpu": "c", "humaneval": h})
     assert "| ours rest (int4w) | 9 | 30.00 | 1.50x | 1.5 | 2/2 |" in text and "c(1)" not in text
+
+
+def test_a_llama_tool_killed_by_a_signal_fails_with_the_rebuild_hint(tmp_path):
+    import pytest
+
+    crash = tmp_path / "llama-bench"
+    crash.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    crash.chmod(crash.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(SystemExit, match="LLAMA_AMX=off") as err:
+        S.run([crash], lambda s: None)
+    assert "(-11)" in str(err.value)
+    fails = tmp_path / "llama-server"
+    fails.write_text(f"#!{sys.executable}\nraise SystemExit(3)\n")
+    fails.chmod(fails.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(SystemExit) as err:
+        S.run([fails], lambda s: None)
+    assert "(3)" in str(err.value) and "LLAMA_AMX" not in str(err.value)

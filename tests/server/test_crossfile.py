@@ -11,8 +11,8 @@ from indexer.locate import Locator
 from indexer.store import Datastore
 from rest_lsp.model.prompts import REPO_TOKENS, RepoContext, build_prompt, detect_fim, repo_block
 from testmodels.tiny import train_tokenizer
-from rest_lsp.service.crossfile import (ContextKeeper, Cursor, RecentRing, RepoView, class_outline, names_near,
-                                        select)
+from rest_lsp.service.crossfile import (ContextKeeper, Cursor, RecentRing, RepoView, Selection, Snippet,
+                                        class_outline, names_near, new_definitions, select)
 
 SECRET = "sk-live-" + "q8Zr3VwXk2LmN7pT4sHy6JbC9dFgA1eU"
 
@@ -260,6 +260,29 @@ def test_the_block_changes_only_when_the_selection_does(repo):
     assert keeper.offer(uri, third)
     keeper.withdraw(uri, third)
     assert keeper.pending(uri) is None and keeper.offer(uri, third) and keeper.pending(uri) is third
+
+
+def test_a_keystroke_changes_the_block_only_for_a_new_definition(repo):
+    root, store, view, enc = repo
+    keeper = ContextKeeper()
+    uri = "file:///proj/pkg/plugins/gamma.py"
+    defs = select([view], cursor(root), budget=400, selectors=["definitions"], ring=None, encode=enc)
+    assert any(s.selector == "definitions" for s in defs.snippets)
+    keeper.offer(uri, defs)
+    keeper.promote(uri, defs)
+    # the same definitions and other similar code (the window slid): a keystroke keeps the block, a save or a
+    # file switch takes the change
+    similar = Snippet("pkg/plugins/alpha.py", 4, 9, PLUGIN.split("\n", 4)[4], "similar", 0.5, 30)
+    more = Selection(defs.repo, defs.snippets + (similar,), defs.names, defs.tokens + 30)
+    assert not new_definitions(more, defs)
+    assert not keeper.offer(uri, more, keystroke=True)
+    assert keeper.pending(uri) is None and keeper.current(uri) is defs and keeper.counts["kept"] == 1
+    assert keeper.offer(uri, more) and keeper.pending(uri) is more
+    # a keystroke whose selection brings a definition the block lacks is offered
+    only_similar = Selection(defs.repo, (similar,), defs.names, 30)
+    keeper.set_current(uri, only_similar)
+    assert new_definitions(defs, only_similar) and keeper.offer(uri, defs, keystroke=True)
+    assert keeper.pending(uri) is defs
 
 
 # ------------------------------------------------------------------------------------------------ the daemon
