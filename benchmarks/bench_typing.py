@@ -478,6 +478,9 @@ async def finish_method(run: MethodRun) -> dict:
              + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0))
             / max(1, tally["typed"]), 1),
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
+        # the cross-file blocks: selections made, new blocks offered and promoted, unchanged, kept by the keystroke rule
+        "cross_file": None if isinstance(run.server, LlamaServer) else {
+            k: (st.get("cross_file") or {}).get(k) for k in ("selections", "offered", "promoted", "unchanged", "kept")},
     }
 
 
@@ -665,9 +668,12 @@ def table(report: dict) -> str:
                        f"{(sv.get('forward_ms') or 0) / sv['steps']:.0f} ms forward per step, "
                        f"{(sv.get('forward_ms') or 0) / sv['tokens']:.0f} ms per token")
         if r.get("prompt_tokens_computed_per_key") is not None:
+            cf = r.get("cross_file") or {}
             out.append(f"{m}: {r['prompt_tokens_computed_per_key']} prompt tokens computed per key typed "
-                       f"({sv.get('context_warm_tokens') or 0} for {sv.get('context_selections') or 0} cross-file "
-                       f"selections' new blocks, in the background); accepted per source {sv.get('accepted_sources')}")
+                       f"({sv.get('context_warm_tokens') or 0} for {cf.get('promoted') or 0} new cross-file blocks of "
+                       f"{cf.get('offered') or 0} offered, in the background; {sv.get('context_selections') or 0} "
+                       f"selections, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept at a keystroke); "
+                       f"accepted per source {sv.get('accepted_sources')}")
         if "prompt_n" in sv and sv.get("predicted_n"):
             out.append(f"{m}: {sv['prompt_n']} prompt tokens in {sv['prompt_ms'] / 1000:.1f} s, {sv['predicted_n']} "
                        f"tokens predicted at {sv['predicted_ms'] / sv['predicted_n']:.0f} ms per token; hints from "

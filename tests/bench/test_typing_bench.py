@@ -174,6 +174,21 @@ def test_the_first_method_is_compared_with_each_other_one_body_by_body():
     assert "characters accepted rest@int8w - plain@fp32: mean +6.0" in text
 
 
+def test_the_table_says_how_many_cross_file_blocks_were_computed_and_kept():
+    base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,
+            "shown_latency_ms_p50": 1, "shown_latency_ms_p95": 1, "keys_typed": 9, "chars_accepted": 3,
+            "accepted_share": 0.3, "cpu_s_per_typed_char": 0.1, "per_body": [{"accepted": 3}],
+            "prompt_tokens_computed_per_key": 30.0}
+    cf = {"selections": 12, "offered": 5, "promoted": 4, "unchanged": 3, "kept": 4}
+    report = {"methods": {"rest-cf": {**base, "server": {"context_warm_tokens": 900, "context_selections": 12},
+                                      "cross_file": cf},
+                          "rest-nocf": {**base, "server": {}, "cross_file": None}}}
+    text = T.table(report)
+    assert "rest-cf: 30.0 prompt tokens computed per key typed (900 for 4 new cross-file blocks of 5 offered" in text
+    assert "12 selections, 3 unchanged, 4 kept at a keystroke" in text
+    assert "rest-nocf: 30.0 prompt tokens computed per key typed (0 for 0 new cross-file blocks" in text
+
+
 def test_the_patient_person_is_compared_body_by_body_and_claims_no_bound():
     per = lambda *a: {"per_body": [{"accepted": x} for x in a]}  # noqa: E731
     base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,
