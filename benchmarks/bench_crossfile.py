@@ -152,8 +152,10 @@ def mark_cross(cases: list[dict], ws: Path, window: tuple[int, int] = (3000, 300
     of the workspace defines and that the case's own document never mentions (CrossCodeEval's kind of line: what
     only another file can tell the model). `unseen`: the line uses a name (not a builtin, 3+ characters) that
     the prompt's window of the document (`window`: characters before and after the cursor, the daemon's CPU
-    defaults) does not hold; `unseen_repo`: one of those is defined somewhere in the workspace."""
-    from rest_lsp.service.crossfile import defined_names
+    defaults) does not hold; `unseen_repo`: one of those is defined somewhere in the workspace; `unseen_own`: one
+    of those the document itself defines or imports, outside the window (what an outline of the current file
+    would show)."""
+    from rest_lsp.service.crossfile import defined_names, imported_all
 
     ident = re.compile(r"[A-Za-z_]\w*")
     # a method of a builtin type (`get`, `items`) or a builtin says nothing about the repository
@@ -170,6 +172,7 @@ def mark_cross(cases: list[dict], ws: Path, window: tuple[int, int] = (3000, 300
         seen = set(ident.findall(case["doc"][max(0, at - window[0]):at + window[1]]))
         unseen = {n for n in used - seen if len(n) > 2}
         case["unseen"], case["unseen_repo"] = bool(unseen), bool(unseen & everywhere)
+        case["unseen_own"] = bool(unseen & (defined_names(case["doc"]) | imported_all(case["doc"])))
 
 
 def count_needs(args) -> dict:
@@ -180,7 +183,8 @@ def count_needs(args) -> dict:
             ws, files = prepare(fetch_project(spec), args.files, args.bodies, args.seed, Path(tmp))
             lines = [c for c in cases_of(files, args.bodies, args.seed) if c["kind"] == "line"]
             mark_cross(lines, ws)
-            out[spec] = {"lines": len(lines), **{k: sum(c[k] for c in lines) for k in ("cross", "unseen", "unseen_repo")}}
+            out[spec] = {"lines": len(lines), **{k: sum(c[k] for c in lines)
+                                                 for k in ("cross", "unseen", "unseen_repo", "unseen_own")}}
     return out
 
 
@@ -241,7 +245,8 @@ def main(argv=None) -> int:
     if args.count_only:
         for spec, n in count_needs(args).items():
             print(f"{spec}: {n['lines']} lines; a name only another file defines: {n['cross']}; a name outside "
-                  f"the prompt window: {n['unseen']} (defined in the workspace: {n['unseen_repo']})")
+                  f"the prompt window: {n['unseen']} (defined in the workspace: {n['unseen_repo']}; defined or "
+                  f"imported by the line's own file: {n['unseen_own']})")
         return 0
     report = run(args, lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(report))

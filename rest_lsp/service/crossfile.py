@@ -291,6 +291,14 @@ def imported_names(text: str, root: Path | None = None) -> set[str]:
     return out
 
 
+def imported_all(text: str) -> set[str]:
+    """Every name the text's import statements bring in (from any module)."""
+    out: set[str] = set()
+    for m in _IMPORT.finditer(text):
+        out |= set(_IDENT.findall(m.group(2) or m.group(3) or "")) - {"as", "import"}
+    return out
+
+
 def _in_repo(module: str, root: Path | None) -> bool:
     if module.startswith("."):
         return True

@@ -39,6 +39,15 @@ def test_unseen_is_measured_against_the_prompt_window_not_the_whole_file(tmp_pat
     case = _case(tmp_path, far, "return far_away_helper(y)")
     mark_cross([case], tmp_path, window=(3000, 300))
     assert case["unseen"] and case["unseen_repo"] and not case["cross"]   # the file defines it, out of sight
+    assert case["unseen_own"]
     wide = _case(tmp_path, far, "return far_away_helper(y)")
     mark_cross([wide], tmp_path, window=(len(far), 300))
-    assert not wide["unseen"]
+    assert not wide["unseen"] and not wide["unseen_own"]
+    # imported at the top, out of sight: the file's own too; a name only another file defines is not
+    imported = "from collections import OrderedDict\n" + "# filler line\n" * 400 + "def f(y):\n    "
+    (tmp_path / "pkg" / "helpers.py").write_text(HELPERS)
+    own = _case(tmp_path, imported, "return OrderedDict(y)")
+    other = _case(tmp_path, imported, "return normalize_weight(y)")
+    mark_cross([own, other], tmp_path, window=(3000, 300))
+    assert own["unseen"] and own["unseen_own"] and not own["unseen_repo"]
+    assert other["unseen"] and other["unseen_repo"] and not other["unseen_own"]
