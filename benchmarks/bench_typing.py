@@ -478,7 +478,7 @@ async def finish_method(run: MethodRun) -> dict:
              + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0))
             / max(1, tally["typed"]), 1),
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
-        # the cross-file blocks: selections made, new blocks offered and promoted, unchanged, kept by the keystroke rule
+        # the cross-file blocks: selections made, new blocks offered and promoted, unchanged, kept (no new definition)
         "cross_file": None if isinstance(run.server, LlamaServer) else {
             k: (st.get("cross_file") or {}).get(k) for k in ("selections", "offered", "promoted", "unchanged", "kept")},
     }
@@ -672,7 +672,7 @@ def table(report: dict) -> str:
             out.append(f"{m}: {r['prompt_tokens_computed_per_key']} prompt tokens computed per key typed "
                        f"({sv.get('context_warm_tokens') or 0} for {cf.get('promoted') or 0} new cross-file blocks of "
                        f"{cf.get('offered') or 0} offered, in the background; {sv.get('context_selections') or 0} "
-                       f"selections, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept at a keystroke); "
+                       f"selections, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept: no new definition); "
                        f"accepted per source {sv.get('accepted_sources')}")
         if "prompt_n" in sv and sv.get("predicted_n"):
             out.append(f"{m}: {sv['prompt_n']} prompt tokens in {sv['prompt_ms'] / 1000:.1f} s, {sv['predicted_n']} "

@@ -3,9 +3,9 @@ new block only once its prompt is computed.
 
     blocks = Blocks(settings, repository, stats, worker, scheduler)
     blocks.placed(uri, text, ctx)     # every edit and request: a file switch or a new name at the cursor asks
-                                      # for a selection (on the selection thread; the latest per document; a
-                                      # keystroke's changes the block only with a new definition)
+                                      # for a selection (on the selection thread; the latest per document)
     blocks.saved(uri)                 # a save: the place joins the recent-files ring, and a selection
+                                      # (a keystroke's or a save's changes the block only with a new definition)
     blocks.current(uri)               # the block every prompt of the document starts with now (None: none/off)
 
 What a selection holds and when it counts as changed is rest_lsp/service/crossfile.py (`select`,
@@ -69,17 +69,18 @@ class Blocks:
         self._set_place(uri, text, ctx)
         line_after = ctx.suffix.split("\n", 1)[0]
         if prev != uri or self.keeper.new_names(uri, ctx.prefix, line_after):
-            self._request_selection(uri, text, ctx, keystroke=prev == uri)
+            self._request_selection(uri, text, ctx, in_place=prev == uri)
 
     def saved(self, uri: str) -> None:
-        """A save: the place joins the recent-files ring and the document's block is selected again."""
+        """A save: the place joins the recent-files ring (for the other documents' blocks) and the document's
+        block is selected again; it changes only with a new definition (with autosave, every pause is a save)."""
         place = self._places.get(uri)
         if place is None or not self._settings().cross_file:
             return
         text, line, column = place
         self._remember(uri, text, line)
         try:
-            self._request_selection(uri, text, build_context(text, line, column))
+            self._request_selection(uri, text, build_context(text, line, column), in_place=True)
         except PositionError:
             pass
 
@@ -138,14 +139,14 @@ class Blocks:
         if path is not None:
             self.keeper.ring.add(str(path), text, line)
 
-    def _request_selection(self, uri: str, text: str, ctx: CompletionContext, keystroke: bool = False) -> None:
-        """Select the document's block on the selection thread; only the latest request of a document runs (a
-        keystroke's only when every request it replaced was a keystroke's too)."""
+    def _request_selection(self, uri: str, text: str, ctx: CompletionContext, in_place: bool = False) -> None:
+        """Select the document's block on the selection thread; only the latest request of a document runs (as
+        asked in place, a keystroke's or a save's, only when every request it replaced was too)."""
         with self._selecting_lock:
             first = uri not in self._selecting
             if not first:
-                keystroke = keystroke and self._selecting[uri][2]
-            self._selecting[uri] = (text, ctx, keystroke)
+                in_place = in_place and self._selecting[uri][2]
+            self._selecting[uri] = (text, ctx, in_place)
         if first:
             try:
                 self._selector.submit(self._select, uri)
@@ -154,7 +155,7 @@ class Blocks:
 
     def _select(self, uri: str) -> None:
         with self._selecting_lock:
-            text, ctx, keystroke = self._selecting.pop(uri, (None, None, False))
+            text, ctx, in_place = self._selecting.pop(uri, (None, None, False))
         backend = self.worker.backend
         if text is None or backend is None:
             return
@@ -166,7 +167,7 @@ class Blocks:
         except Exception:  # noqa: BLE001 - completions go on with the block they have
             log.exception("cross-file selection failed for %s", uri)
             return
-        if sel is not None and self.keeper.offer(uri, sel, keystroke=keystroke):
+        if sel is not None and self.keeper.offer(uri, sel, in_place=in_place):
             # stopped or dropped before the block was computed: it is not pending any more, so that the next
             # selection offers it again instead of finding it "unchanged"
             self.scheduler.warm_block(uri, ctx, sel, promote=lambda: self.keeper.promote(uri, sel),

@@ -529,10 +529,11 @@ class ContextKeeper:
             words = words[:-1]  # still being typed
         return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
 
-    def offer(self, uri: str, sel: Selection, *, keystroke: bool = False) -> bool:
+    def offer(self, uri: str, sel: Selection, *, in_place: bool = False) -> bool:
         """Take a fresh selection; True when it differs from the block in use (it becomes pending). A selection
-        a keystroke asked for (a new name at the cursor) must bring a definition or use the block lacks: the
-        similar code and the ring shift as the window slides, and a new block costs its whole prompt again."""
+        asked for in place (a keystroke's new name at the cursor, a save) must bring a definition or use the
+        block lacks: the similar code shifts as the window slides, the ring gains only the document's own place
+        (never in its own block), and a new block costs the whole prompt after it again."""
         with self._lock:
             st = self._doc(uri)
             self.counts["selections"] += 1
@@ -542,7 +543,7 @@ class ContextKeeper:
             if base is not None and base.keys == sel.keys and base.repo.path == sel.repo.path:
                 self.counts["unchanged"] += 1
                 return False
-            if keystroke and base is not None and not new_definitions(sel, base):
+            if in_place and base is not None and not new_definitions(sel, base):
                 self.counts["kept"] += 1
                 return False
             if base is None and not sel.snippets:

@@ -185,7 +185,7 @@ def test_the_table_says_how_many_cross_file_blocks_were_computed_and_kept():
                           "rest-nocf": {**base, "server": {}, "cross_file": None}}}
     text = T.table(report)
     assert "rest-cf: 30.0 prompt tokens computed per key typed (900 for 4 new cross-file blocks of 5 offered" in text
-    assert "12 selections, 3 unchanged, 4 kept at a keystroke" in text
+    assert "12 selections, 3 unchanged, 4 kept: no new definition" in text
     assert "rest-nocf: 30.0 prompt tokens computed per key typed (0 for 0 new cross-file blocks" in text
 
 

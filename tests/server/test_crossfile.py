@@ -262,7 +262,7 @@ def test_the_block_changes_only_when_the_selection_does(repo):
     assert keeper.pending(uri) is None and keeper.offer(uri, third) and keeper.pending(uri) is third
 
 
-def test_a_keystroke_changes_the_block_only_for_a_new_definition(repo):
+def test_a_keystroke_or_a_save_changes_the_block_only_for_a_new_definition(repo):
     root, store, view, enc = repo
     keeper = ContextKeeper()
     uri = "file:///proj/pkg/plugins/gamma.py"
@@ -270,18 +270,18 @@ def test_a_keystroke_changes_the_block_only_for_a_new_definition(repo):
     assert any(s.selector == "definitions" for s in defs.snippets)
     keeper.offer(uri, defs)
     keeper.promote(uri, defs)
-    # the same definitions and other similar code (the window slid): a keystroke keeps the block, a save or a
+    # the same definitions and other similar code (the window slid): a keystroke or a save keeps the block, a
     # file switch takes the change
     similar = Snippet("pkg/plugins/alpha.py", 4, 9, PLUGIN.split("\n", 4)[4], "similar", 0.5, 30)
     more = Selection(defs.repo, defs.snippets + (similar,), defs.names, defs.tokens + 30)
     assert not new_definitions(more, defs)
-    assert not keeper.offer(uri, more, keystroke=True)
+    assert not keeper.offer(uri, more, in_place=True)
     assert keeper.pending(uri) is None and keeper.current(uri) is defs and keeper.counts["kept"] == 1
     assert keeper.offer(uri, more) and keeper.pending(uri) is more
-    # a keystroke whose selection brings a definition the block lacks is offered
+    # one asked for in place that brings a definition the block lacks is offered
     only_similar = Selection(defs.repo, (similar,), defs.names, 30)
     keeper.set_current(uri, only_similar)
-    assert new_definitions(defs, only_similar) and keeper.offer(uri, defs, keystroke=True)
+    assert new_definitions(defs, only_similar) and keeper.offer(uri, defs, in_place=True)
     assert keeper.pending(uri) is defs
 
 
