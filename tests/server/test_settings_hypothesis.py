@@ -54,6 +54,7 @@ def served(tmp_path_factory):
 @example(values={"alternatives": 10**6, "time_budget_ms": 0})   # an Invoked request that never answers
 @example(values={"draft_budget": float("inf"), "max_tokens": float("nan")})   # were an OverflowError, a nameless problem
 @example(values={"max_lines": 0, "max_prefix_chars": 0, "max_suffix_chars": 0, "middle_lines": 10**6})
+@example(values={"draft_budget": 0, "max_tokens": None, "max_lines": None, "server": ""})  # "" is no team server
 def test_any_setting_is_refused_or_served(served, values):
     svc, loop, defaults = served
     _, problems = svc.configure(defaults)
@@ -63,8 +64,9 @@ def test_any_setting_is_refused_or_served(served, values):
     for name, value in values.items():
         said = [p for p in problems if name in p or camel(name) in p]
         now = getattr(svc.config, name)
-        if not said:   # taken as given (a string for a list setting is a list of one)
-            assert now == value or now == [value], (name, value, now, problems)
+        if not said:   # taken as given (a string for a list setting is a list of one; `server`: "" is none)
+            taken = (None,) if (name, value) == ("server", "") else (value, [value])
+            assert now in taken, (name, value, now, problems)
         else:          # refused, the old value kept; taken with a warning; or a number clamped down to fit
             assert now in (getattr(before, name), value) or (
                 isinstance(now, int) and isinstance(value, (int, float)) and now < value), (name, value, now)
