@@ -172,7 +172,7 @@ def mark_cross(cases: list[dict], ws: Path, window: tuple[int, int] = (3000, 300
         seen = set(ident.findall(case["doc"][max(0, at - window[0]):at + window[1]]))
         unseen = {n for n in used - seen if len(n) > 2}
         case["unseen"], case["unseen_repo"] = bool(unseen), bool(unseen & everywhere)
-        case["unseen_own"] = bool(unseen & (defined_names(case["doc"]) | imported_all(case["doc"])))
+        case["unseen_own"] = bool(unseen & (defined_names(case["doc"]) | set(imported_all(case["doc"]))))
 
 
 def count_needs(args) -> dict:

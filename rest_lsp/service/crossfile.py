@@ -74,6 +74,10 @@ class Snippet:
     score: float
     tokens: int = 0
 
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return self.path, self.start, self.end
+
     def describe(self) -> dict:
         return {"file": self.path, "lines": [self.start + 1, self.end], "selector": self.selector,
                 "score": round(self.score, 3), "tokens": self.tokens}
@@ -89,7 +93,7 @@ class Selection:
 
     @property
     def keys(self) -> frozenset:
-        return frozenset((s.path, s.start, s.end) for s in self.snippets)
+        return frozenset(s.key for s in self.snippets)
 
     def describe(self) -> list[dict]:
         return [s.describe() for s in self.snippets]
@@ -110,10 +114,9 @@ def names_near(prefix: str, line_text: str = "", window: int = WINDOW_LINES) -> 
         name = m.group(0)
         if name not in _COMMON and len(name) > 1:
             seen.setdefault(name, None)
-    for m in _IMPORT.finditer(prefix):
-        for name in _IDENT.findall(m.group(2) or m.group(3) or ""):
-            if name not in _COMMON and name not in ("as", "import"):
-                seen.setdefault(name, None)
+    for name in imported_all(prefix):
+        if name not in _COMMON:
+            seen.setdefault(name, None)
     return list(seen)
 
 
@@ -291,12 +294,14 @@ def imported_names(text: str, root: Path | None = None) -> set[str]:
     return out
 
 
-def imported_all(text: str) -> set[str]:
-    """Every name the text's import statements bring in (from any module)."""
-    out: set[str] = set()
+def imported_all(text: str) -> list[str]:
+    """Every name the text's import statements bring in (from any module), in the order they come."""
+    out: dict[str, None] = {}
     for m in _IMPORT.finditer(text):
-        out |= set(_IDENT.findall(m.group(2) or m.group(3) or "")) - {"as", "import"}
-    return out
+        for name in _IDENT.findall(m.group(2) or m.group(3) or ""):
+            if name not in ("as", "import"):
+                out.setdefault(name, None)
+    return list(out)
 
 
 def _in_repo(module: str, root: Path | None) -> bool:
@@ -591,8 +596,7 @@ class ContextKeeper:
 
 def new_definitions(sel: Selection, base: Selection) -> bool:
     """Whether `sel` holds a definition or use (of a name at the cursor) that `base` does not."""
-    return any(s.selector in ("definitions", "uses") and (s.path, s.start, s.end) not in base.keys
-               for s in sel.snippets)
+    return any(s.selector in ("definitions", "uses") and s.key not in base.keys for s in sel.snippets)
 
 
 def files_of(chosen: Sequence[Snippet]) -> tuple[tuple[str, str], ...]:
