@@ -47,7 +47,9 @@ body-by-body lines then compare the first method with each other one). A method 
 `rest,rest:plain`: `:plain` types through a plain LSP client (whole-text didChange on every key, no rest/cursor,
 no suggestionReady capability, so no asking again, and no pause at a body's start for the cursor to be warmed),
 as simple editor plugins do, beside this project's clients (`:project`, the default; `--client plain` makes plain
-the default).
+the default). And it may carry a source tree, `rest,rest~before --tree before=DIR`: the method served by the code
+checked out at DIR (`git worktree add DIR COMMIT`), so that a change is measured against the code before it in
+one run.
 """
 from __future__ import annotations
 
@@ -377,9 +379,10 @@ class MethodRun:
 
 
 async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, patient: bool = False,
-                       asks_again: bool = True, client: str = "project") -> MethodRun:
+                       asks_again: bool = True, client: str = "project", tree: Path | None = None) -> MethodRun:
+    """tree: serve with the code checked out there (first on the server's PYTHONPATH) instead of this checkout."""
     editor = CLIENTS[client]
-    server = Server(log_dir / name)
+    server = Server(log_dir / name, env={"PYTHONPATH": str(tree)} if tree else None)
     # False: a client that does not take rest/suggestionReady (rest-noask, a plain client)
     server.suggestion_ready = asks_again and editor.asks_again
     await server.start()
@@ -391,7 +394,7 @@ async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, 
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
     await wait_quiet(server)
-    return MethodRun(name, {**options, "client": client}, server, editor, random.Random(args.seed), patient, ready_s,
+    return MethodRun(name, {**options, "client": client, **({"tree": str(tree)} if tree else {})}, server, editor, random.Random(args.seed), patient, ready_s,
                      server.cpu_seconds(), RHYTHMS[args.rhythm], trace=[] if args.trace else None)
 
 
@@ -572,6 +575,18 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
                   **({"model": model} if model else {})}
 
 
+def method_tree(name: str, trees: dict[str, Path]) -> tuple[str, Path | None]:
+    """A method's name without its source tree, and the tree: `rest~before` is REST served by the code checked out
+    at `--tree before=DIR` (a git worktree of another commit, run with this checkout's environment), typed beside
+    the same method of this checkout: a before/after comparison within one run."""
+    spec, sep, tag = name.rpartition("~")
+    if not sep:
+        return name, None
+    if tag not in trees:
+        raise SystemExit(f"unknown tree {tag!r} in {name!r}: give it as --tree {tag}=DIR")
+    return spec, trees[tag]
+
+
 def method_client(name: str, default: str = "project") -> tuple[str, str]:
     """A method's name without its client, and the client: `rest:plain` is REST typed through a plain LSP
     client (PlainEditor), `rest:project` through this project's (Editor); without one, `default` (--client)."""
@@ -595,15 +610,19 @@ async def main_async(args) -> dict:
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "rhythm": asdict(RHYTHMS[args.rhythm]), "methods": {}}
         names = args.methods.split(",")
+        trees = {tag: Path(d).resolve() for tag, d in (kv.split("=", 1) for kv in args.tree)}
         runs = {}
         for name in names:  # one after another: a server loads and indexes while the others are idle
-            spec, client = method_client(name, args.client)
+            spec, tree = method_tree(name, trees)
+            spec, client = method_client(spec, args.client)
             if spec == PEER:
+                if tree:
+                    raise SystemExit(f"{PEER} is not served by this project's code: no ~tree")
                 runs[name] = await start_peer(name, args, work / "logs")
                 continue
             base, options = method_options(spec, extra)
             runs[name] = await start_method(name, options, ws, args, work / "logs", patient=base == "patient",
-                                            asks_again=base != "rest-noask", client=client)
+                                            asks_again=base != "rest-noask", client=client, tree=tree)
         bodies = [(path, opened, b) for path, opened, bs in files for b in bs][:args.limit]
         for k, name in interleaved(bodies, names):
             await type_next(runs[name], *bodies[k], args)
@@ -726,6 +745,8 @@ def main(argv=None) -> int:
                    "changes, rest/cursor, asking again at rest/suggestionReady) or plain (whole-text changes and "
                    "nothing of rest/*, no pause before a body); per method: --methods rest,rest:plain")
     p.add_argument("--set", action="append", default=[], help="a server setting for every method, KEY=VALUE")
+    p.add_argument("--tree", action="append", default=[], metavar="TAG=DIR",
+                   help="a checkout of other code (git worktree add DIR COMMIT) that methods named NAME~TAG run on")
     p.add_argument("--keep", action="store_true", help="keep the workspace and the server logs")
     p.add_argument("--trace", action="store_true", help="every pause's text, answer and latency in the JSON")
     p.add_argument("--no-invoked", action="store_true", help="leave out the two Invoked checks")

@@ -40,7 +40,7 @@ def random_tree(q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
 def _prefill(verifier, context: torch.Tensor) -> None:
     past = len(context)
     verifier.truncate(0)
-    verifier.forward(context, torch.arange(past), torch.ones(past, past, dtype=torch.bool).tril_())
+    verifier.forward(context, torch.arange(past), torch.ones(past, past, dtype=torch.bool).tril_(), prompt=True)
 
 
 @torch.inference_mode()

@@ -332,7 +332,7 @@ class Engine:
         device = self.verifier_device
         out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
                                     torch.arange(q, device=device), chain_mask(q, device),
-                                    rows=[q - 1])  # only the last row's logits are used
+                                    rows=[q - 1], prompt=True)  # only the last row's logits are used
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)

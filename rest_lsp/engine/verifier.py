@@ -28,13 +28,17 @@ class Verifier(Protocol):
     past_len: int  # tokens held in the cache
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
-                rows: Sequence[int] | None = None) -> torch.Tensor:
+                rows: Sequence[int] | None = None, prompt: bool = False) -> torch.Tensor:
         """Run q new tokens after the cache and append them to it.
 
         tokens [q] int64; depths [q] (position id = past_len + depth); tree_mask [q, q] bool, row i attends
         column j iff j is i or an ancestor of i (a chain, e.g. the prefill, is lower-triangular).
         Returns logits [q, V] float32, or [len(rows), V] for those rows only (a prefill needs its last row:
         most of the output projection is skipped).
+        prompt: these rows are a prompt chunk, not a draft tree or a decoding step. Greedy speculation is exact
+        because a tree's rows round as plain decoding's single rows do; a prompt's rows are compared with
+        nothing (REST and plain decoding both start from the same prefilled cache), so a verifier may compute
+        them on a faster path that is not row-invariant.
         """
         ...
 
@@ -140,9 +144,10 @@ class HFVerifier:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
-                rows: Sequence[int] | None = None) -> torch.Tensor:
+                rows: Sequence[int] | None = None, prompt: bool = False) -> torch.Tensor:
         """As the protocol; rows= (optional, as in FastVerifier) returns logits for those rows only, which
-        skips most of the output projection (a prefill needs only its last row)."""
+        skips most of the output projection (a prefill needs only its last row). `prompt` changes nothing here:
+        transformers' forward has one path."""
         q = tokens.shape[0]
         past = self.past_len
         if self.max_len is not None and past + q > self.max_len:

@@ -26,7 +26,9 @@ so no screening); `packed` and `screened` both give that path.
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
 exactly what plain decoding with that same verifier emits (tests/model/test_fast.py). Attention runs in the
 model's dtype where the CPU's attention is row-invariant (rest_lsp/model/probes.py sdpa_row_invariant), else
-in float64.
+in float64; a prompt chunk (`forward(..., prompt=True)`: rows that no tree row is compared with) always attends
+in the model's dtype, which on such a CPU costs 0.65x float64's for a 64-token chunk after 1,000 cached tokens
+(docs/cpu.md).
 """
 from __future__ import annotations
 
@@ -189,10 +191,12 @@ class StaticLM(torch.nn.Module):
         return torch.zeros(len(self.layers), 2, self.n_kv, self.max_len, self.head_dim, dtype=self.dtype)
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-               cache: torch.Tensor) -> torch.Tensor:
+               cache: torch.Tensor, exact_rows: bool = True) -> torch.Tensor:
         """tokens/positions/slots [q]; mask [q, span] bool (True = attend); cache [L, 2, nkv, max_len, hd],
-        written at `slots` -> final hidden states [q, D]."""
+        written at `slots` -> final hidden states [q, D]. exact_rows=False (a prompt chunk): attention in the
+        model's dtype even where it is not row-invariant."""
         q, span = mask.shape
+        attention_dtype = self.attention_dtype if exact_rows else None
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(tokens, self.embed)  # [q, D]
         cos, sin = self.cos[positions], self.sin[positions]  # [q, hd]
@@ -207,7 +211,7 @@ class StaticLM(torch.nn.Module):
             kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)
-            att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, self.attention_dtype)  # [nh, q, hd]
+            att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, attention_dtype)  # [nh, q, hd]
             x = x + layer.o(att.transpose(0, 1).reshape(q, nh * hd))
             x = x + layer.mlp(layer.post_norm(x))
         return self.norm(x)
@@ -265,7 +269,7 @@ class FastVerifier(SlotCache):
     # ------------------------------------------------------------------ protocol
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
-                rows: Sequence[int] | None = None) -> torch.Tensor:
+                rows: Sequence[int] | None = None, prompt: bool = False) -> torch.Tensor:
         q = int(tokens.shape[0])
         past = self.past_len
         if q == 0:
@@ -283,7 +287,7 @@ class FastVerifier(SlotCache):
             slots = torch.arange(past, past + q)
             mask = torch.ones(q, past + q, dtype=torch.bool)
             mask[:, past:] = tree_mask
-            h = self.lm.hidden(tokens, positions, slots, mask, self.cache)  # [q, D]
+            h = self.lm.hidden(tokens, positions, slots, mask, self.cache, exact_rows=not prompt)  # [q, D]
             if rows is not None:
                 h = h[torch.as_tensor(list(rows), dtype=torch.long)]
             logits = self.lm.head(h).float()

@@ -174,7 +174,8 @@ class StaticVerifier(SlotCache):
     # ------------------------------------------------------------------ the protocol
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, *,
-                rows: Sequence[int] | None = None) -> torch.Tensor:
+                rows: Sequence[int] | None = None, prompt: bool = False) -> torch.Tensor:
+        # `prompt` changes nothing here: every call replays the same captured pieces (one graph per piece)
         q, past, r = int(tokens.shape[0]), self.past_len, self.rows
         if q == 0:
             raise ValueError("forward: no tokens")

@@ -161,6 +161,15 @@ def test_a_method_may_carry_its_precision():
         T.method_options("fast@fp32", {})
 
 
+def test_a_method_may_carry_the_source_tree_that_serves_it(tmp_path):
+    trees = {"before": tmp_path}
+    assert T.method_tree("rest@bf16~before", trees) == ("rest@bf16", tmp_path)
+    assert T.method_tree("rest:plain~before", trees) == ("rest:plain", tmp_path)
+    assert T.method_tree("rest:plain", trees) == ("rest:plain", None)
+    with pytest.raises(SystemExit, match="give it as --tree after=DIR"):
+        T.method_tree("rest~after", trees)
+
+
 def test_the_first_method_is_compared_with_each_other_one_body_by_body():
     per = lambda *a: {"per_body": [{"accepted": x} for x in a]}  # noqa: E731
     base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,

@@ -108,7 +108,7 @@ class SleepyVerifier:
     def __init__(self):
         self.calls = 0
 
-    def forward(self, tokens, depths, tree_mask, *, rows=None):
+    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
         import time
 
         q = len(tokens)

@@ -45,3 +45,35 @@ def test_should_stop_during_prefill_cancels_and_keeps_the_cache_exact():
     assert res.stop_reason == "cancelled" and res.reused_tokens == 70 and engine.verifier.past_len == 120
     res = engine.generate(other, GenerationConfig(max_new_tokens=N))
     assert res.reused_tokens == 120 and res.tokens == plain_greedy(model, other, N)
+
+
+class _Recording:
+    """A verifier that records, per forward, its row count and whether it was sent as a prompt chunk."""
+
+    def __init__(self, verifier):
+        self.verifier, self.calls = verifier, []
+
+    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
+        self.calls.append((len(tokens), prompt))
+        return self.verifier.forward(tokens, depths, tree_mask, rows=rows, prompt=prompt)
+
+    def __getattr__(self, name):
+        return getattr(self.verifier, name)
+
+
+def test_prefill_chunks_are_sent_as_prompt_chunks_and_steps_are_not():
+    """Only the prefill may take a verifier's faster, not row-invariant path (`prompt=True`): every decoding
+    step and draft tree is sent without it, so its rows round as plain decoding's do."""
+    from rest_lsp.engine.verifier import HFVerifier
+
+    model = tiny_model("qwen2", 3)
+    prompt = random_prompt(14, 120)
+    recorder = _Recording(HFVerifier(model))
+    engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[], verifier=recorder)
+    engine.prefill_chunk = 50
+    res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4))
+    assert res.tokens == plain_greedy(model, prompt, N)
+    assert recorder.calls[:3] == [(50, True), (50, True), (20, True)]
+    steps = recorder.calls[3:]
+    assert steps and not any(p for _, p in steps)
+    assert any(q > 1 for q, _ in steps)  # draft trees were verified, not only single rows

@@ -35,7 +35,7 @@ class TableVerifier:
             self._table[prefix] = torch.randn(self.vocab, generator=g) * self.scale
         return self._table[prefix]
 
-    def forward(self, tokens, depths, tree_mask, *, rows=None):
+    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
         toks, mask = tokens.tolist(), tree_mask.tolist()
         out = []
         for i in range(len(toks)):

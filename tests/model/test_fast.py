@@ -51,13 +51,14 @@ def random_tree(truth: list[int], gen: torch.Generator, size: int) -> tuple[list
 
 @torch.inference_mode()
 def greedy(verifier, prompt_ids: torch.Tensor, n: int, truth: list[int] | None = None, seed: int = 0,
-           max_nodes: int = 0) -> tuple[list[int], int]:
+           max_nodes: int = 0, prompt_chunk: bool = False) -> tuple[list[int], int]:
     """Greedy decoding with tree verification (max_nodes > 0, drafts built around `truth`) or plain
-    (max_nodes = 0). Returns (tokens, steps). The root of each tree is the pending token (not yet cached)."""
+    (max_nodes = 0). Returns (tokens, steps). The root of each tree is the pending token (not yet cached).
+    prompt_chunk: the prompt is sent as the engine's prefill sends it (`prompt=True`)."""
     gen = torch.Generator().manual_seed(seed)
     verifier.truncate(0)
     p = len(prompt_ids)
-    logits = verifier.forward(prompt_ids, torch.arange(p), chain_mask(p))
+    logits = verifier.forward(prompt_ids, torch.arange(p), chain_mask(p), prompt=prompt_chunk)
     out = [int(logits[-1].argmax())]
     steps = 0
     while len(out) < n:
@@ -130,6 +131,54 @@ def test_tree_speculation_emits_plain_greedy(kind, seed):
     spec, spec_steps = greedy(fast, x, n, truth=plain, seed=seed, max_nodes=9)
     assert spec == plain
     assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
+
+
+@pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3), ("starcoder2", 9)])
+def test_prompt_chunks_attend_in_the_models_dtype_and_trees_stay_exact(kind, seed, monkeypatch):
+    """Where the CPU's attention is not row-invariant (forced here, as sdpa_row_invariant() = False makes it),
+    tree rows and decoding steps attend in float64, and a prompt chunk (`prompt=True`: rows nothing is compared
+    with) in the model's dtype, the cheaper path; greedy tree speculation after such a prompt still emits what
+    plain decoding after the same prompt emits, and the float64 path still gives a row the same logits alone and
+    among siblings."""
+    from rest_lsp.model import fast as fast_module
+
+    model = tiny(kind, seed)
+    fast = FastVerifier(model, max_len=256)
+    fast.lm.attention_dtype = torch.float64
+    dtypes: list = []
+    real = fast_module.attend
+
+    def spy(q, k, v, mask, dtype):
+        dtypes.append(dtype)
+        return real(q, k, v, mask, dtype)
+
+    monkeypatch.setattr(fast_module, "attend", spy)
+    x = prompt(seed, 30)
+    with torch.inference_mode():
+        fast.truncate(0)
+        chunk = fast.forward(x, torch.arange(30), chain_mask(30), rows=[29], prompt=True)
+        assert dtypes == [None] * len(fast.lm.layers)
+        dtypes.clear()
+        exact = FastVerifier(model, max_len=256)  # the same prompt on the float64 path: close, computed otherwise
+        exact.lm.attention_dtype = torch.float64
+        torch.testing.assert_close(chunk, exact.forward(x, torch.arange(30), chain_mask(30), rows=[29]),
+                                   atol=1e-4, rtol=1e-4)
+        assert dtypes == [torch.float64] * len(fast.lm.layers)
+        dtypes.clear()
+        alone = fast.forward(x[:1], torch.zeros(1, dtype=torch.long), chain_mask(1))[0]
+        for q in (3, 9, 17):
+            fast.truncate(30)
+            rows = torch.cat([x[:1], prompt(q, q - 1)])
+            mask = torch.eye(q, dtype=torch.bool)
+            mask[:, 0] = True
+            assert torch.equal(fast.forward(rows, torch.tensor([0] + [1] * (q - 1)), mask)[0], alone), q
+        assert set(dtypes) == {torch.float64}
+    n = 40
+    plain, plain_steps = greedy(fast, x, n, prompt_chunk=True)
+    assert plain == greedy(HFVerifier(model), x, n)[0]  # the independent reference: transformers' forward
+    spec, spec_steps = greedy(fast, x, n, truth=plain, seed=seed, max_nodes=9, prompt_chunk=True)
+    assert spec == plain
+    assert spec_steps < plain_steps
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "starcoder2"])

@@ -126,11 +126,12 @@ def test_judge_takes_medians_and_flags_rounds_that_disagree():
     assert figures["a"]["step_ms"] == 41.0 and figures["b"]["step_ms"] == 41.0 and figures["d"]["prompt_chunk_ms"] == 100.0
 
 
-def test_version_3_figures_are_measured_again(tiny, cpu):
-    """A figure cached by the one-shot measurement may have been taken under load: the key changed."""
+def test_older_figures_are_measured_again(tiny, cpu):
+    """A figure cached by the one-shot measurement (v3) may have been taken under load, and one of v4 timed its
+    prompt chunk on the float64 attention of tree rows: the key changed."""
     from rest_lsp.model import precision
 
-    assert precision.MEASURE_VERSION >= 4 and "-v4" in precision.cache_file(tiny.name).name
+    assert precision.MEASURE_VERSION >= 5 and "-v5" in precision.cache_file(tiny.name).name
 
 
 # ---- the live check --------------------------------------------------------------------------------
@@ -184,11 +185,21 @@ def test_disagreement_reasons():
     assert disagreement(data, "fp32", 62.0) is None
     assert "1.67x" in disagreement(data, "fp32", 100.0)  # slower than measured
     assert "under load" in disagreement(data, "fp32", 40.0)  # faster than measured
-    # bf16 in use (its prompt chunk was cheaper, say), live at 85 ms: within 1.5x of its 70, but fp32's 60 x 1.3
-    # = 78 is clearly below it
-    assert "fp32 measured 60.0" in disagreement(data, "bf16", 85.0)
+    # bf16 in use, live at 85 ms: within 1.5x of its 70, but fp32's 60 x 1.3 = 78 is clearly below it (no
+    # prompt chunk measured: the steps alone)
+    assert "fp32 measured 60.0 ms (a step)" in disagreement(data, "bf16", 85.0)
     assert disagreement(data, "bf16", 75.0) is None
     assert disagreement({"reason": "no candidates"}, "fp32", 500.0) is None
+    # judged on what the choice compared, a prompt chunk and 8 steps: the AMX Xeon's figures (bf16 chosen for its
+    # chunk) with live bf16 steps at 58.2 ms; int8w's 42.0 ms step is 1.39x below them, but its completion
+    # (359 + 8 x 42 = 695 ms) is not below bf16's at live steps (103.5 + 8 x 58.2 = 569)
+    amx = {"fp32": {"step_ms": 82.2, "prompt_chunk_ms": 234.9}, "bf16": {"step_ms": 55.2, "prompt_chunk_ms": 103.5},
+           "int8w": {"step_ms": 42.0, "prompt_chunk_ms": 359.0}}
+    assert disagreement(amx, "bf16", 58.2) is None
+    # live bf16 at 80 ms (within 1.5x): 743.5 ms a completion, and int8w's 695 x 1.3 = 903 is not clearly below
+    assert disagreement(amx, "bf16", 80.0) is None
+    # fp32 in use (chosen under load, say) at live 80 ms: 874.9 ms; bf16's 545.1 x 1.3 = 709 is clearly below
+    assert "bf16 measured 545.1 ms (a 64-token chunk and 8 steps of 55.2 ms)" in disagreement(amx, "fp32", 80.0)
 
 
 def test_a_disagreement_that_remeasuring_kept_is_only_reported_in_the_end(tiny, cpu):

@@ -35,7 +35,7 @@ class Skewed:
     def past_len(self) -> int:
         return self.inner.past_len
 
-    def forward(self, tokens, depths, tree_mask, *, rows=None):
+    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
         tree = not torch.equal(tree_mask, torch.ones_like(tree_mask).tril())
         if tree and self.how == "raise":
             raise RuntimeError("no tree masks on this device")
