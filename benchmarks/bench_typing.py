@@ -394,7 +394,8 @@ async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, 
     print(f"[{name}] ready in {ready_s:.1f} s (workspace {folder.get('state')}, {folder.get('documents')} files)",
           file=sys.stderr)
     await wait_quiet(server)
-    return MethodRun(name, {**options, "client": client, **({"tree": str(tree)} if tree else {})}, server, editor, random.Random(args.seed), patient, ready_s,
+    options = {**options, "client": client, **({"tree": str(tree)} if tree else {})}
+    return MethodRun(name, options, server, editor, random.Random(args.seed), patient, ready_s,
                      server.cpu_seconds(), RHYTHMS[args.rhythm], trace=[] if args.trace else None)
 
 

@@ -27,7 +27,8 @@ def cost_curve(verifier, vocab: int, qs: list[int], repeat: int) -> dict[int, fl
 
     g = torch.Generator().manual_seed(1)
     verifier.truncate(0)
-    verifier.forward(torch.randint(0, vocab, (300,), generator=g), torch.arange(300), chain_mask(300), rows=[299], prompt=True)
+    verifier.forward(torch.randint(0, vocab, (300,), generator=g), torch.arange(300), chain_mask(300), rows=[299],
+                     prompt=True)
     out = {}
     for q in qs:
         ts = []

@@ -425,7 +425,6 @@ def _what(m: dict) -> str:
     return f"a {PROMPT_CHUNK}-token chunk and {STEPS_PER_COMPLETION} steps of {m['step_ms']} ms"
 
 
-
 # a re-measurement holds the model in fp32 again plus a converted copy per candidate: this many times the
 # fp32 model's bytes must be available
 REMEASURE_MEMORY_FACTOR = 4

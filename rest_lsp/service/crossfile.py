@@ -596,7 +596,8 @@ class ContextKeeper:
 
 def new_definitions(sel: Selection, base: Selection) -> bool:
     """Whether `sel` holds a definition or use (of a name at the cursor) that `base` does not."""
-    return any(s.selector in ("definitions", "uses") and s.key not in base.keys for s in sel.snippets)
+    known = base.keys  # a frozenset built per access: once, not once per snippet
+    return any(s.selector in ("definitions", "uses") and s.key not in known for s in sel.snippets)
 
 
 def files_of(chosen: Sequence[Snippet]) -> tuple[tuple[str, str], ...]:
