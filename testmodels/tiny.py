@@ -305,12 +305,24 @@ _GGUF_LEAVES_QWEN = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                      "mlp.down_proj": "ffn_down"}
 
 
-def make_tiny_q4k_model(path: str | Path, *, seed: int = 0, q8_layers: tuple[str, ...] = ()) -> tuple[Path, Path]:
+def random_q6k_blocks(rows: int, cols: int, rng, spread: float = 0.3):
+    """Random Q6_K tensor bytes [rows, cols/256*210]: random 6-bit values and int8 scales, d set so the
+    weights spread about +-`spread`."""
+    import numpy as np
+
+    raw = rng.integers(0, 256, (rows, cols // 256 * 210), dtype=np.uint8)
+    raw.reshape(rows, -1, 210)[..., 208:210] = np.array([spread / (32 * 128)], np.float16).view(np.uint8)
+    return raw
+
+
+def make_tiny_q4k_model(path: str | Path, *, seed: int = 0, q8_layers: tuple[str, ...] = (),
+                        q6_layers: tuple[str, ...] = ()) -> tuple[Path, Path]:
     """A Qwen2 model directory whose projections and LM head are what random Q4_K blocks decode to, and the
     GGUF holding those blocks under llama.cpp's names (what a Q4_K_M embedded model and its converted copy are
     to each other) -> (model directory, GGUF). Hidden 256, MLP 512 (Q4_K's 256-weight super-blocks), 2 layers.
     `q8_layers`: module names ("model.layers.1.self_attn.v_proj") stored as Q8_0 instead (a Q4_K_M's Q6_K
-    layers: the path that takes int8 for them). Decoding uses gguf's own dequantization, not rest-lsp's."""
+    layers where the AMX kernel is missing: the path that takes int8 for them); `q6_layers`: stored as random Q6_K
+    blocks (a Q4_K_M's down projections and head). Decoding uses gguf's own dequantization, not rest-lsp's."""
     import gguf
     import numpy as np
     import torch
@@ -333,6 +345,9 @@ def make_tiny_q4k_model(path: str | Path, *, seed: int = 0, q8_layers: tuple[str
             if name in q8_layers:
                 qtype = gguf.GGMLQuantizationType.Q8_0
                 raw = gguf.quants.quantize(mod.weight.numpy(), qtype)
+            elif name in q6_layers:
+                qtype = gguf.GGMLQuantizationType.Q6_K
+                raw = random_q6k_blocks(n, k, rng)
             else:
                 qtype = gguf.GGMLQuantizationType.Q4_K
                 raw = random_q4k_blocks(n, k, rng)

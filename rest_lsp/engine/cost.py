@@ -159,8 +159,10 @@ def forward_code(verifier: object) -> str:
     of the kernel that replaced it, and sized every draft tree from it."""
     classes = {type(verifier)}
     root = getattr(verifier, "lm", None)
+    tags = set()  # a module's compiled kernel, chosen per machine (int4w: AMX tiles or torch's product)
     if isinstance(root, torch.nn.Module):
         classes.update(type(m) for m in root.modules())
+        tags.update(str(m.kernel_tag) for m in root.modules() if hasattr(m, "kernel_tag"))
     files = set()
     for cls in classes:
         module = sys.modules.get(cls.__module__)
@@ -173,6 +175,8 @@ def forward_code(verifier: object) -> str:
             digest.update(Path(path).read_bytes())
         except OSError:
             digest.update(path.encode())
+    for tag in sorted(tags):
+        digest.update(tag.encode())
     return digest.hexdigest()[:10]
 
 

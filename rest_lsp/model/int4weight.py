@@ -1,33 +1,35 @@
-"""Weight-only 4-bit linear layers built from a GGUF's own Q4_K blocks: what `precision: int4w` runs on a CPU.
+"""Weight-only linear layers built from a GGUF's own Q4_K (and, on AMX, Q6_K) blocks: `precision: int4w` on a CPU.
 
     q4k_groups(raw [N, K/256*144] uint8, K) -> (q [N, K] uint8 0..15, scale [N, K/32] fp32, low [N, K/32] fp32)
-    Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear
+    Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear      (Q6KLinear.from_q6k: the same for Q6_K)
     fuse_weight_only(*mods, wide=None) -> one module whose output is [m(x) for m in mods] concatenated
-    quantize_from_gguf(model, gguf_path) -> {"int4": n, "int8": n}: the decoder's layers and LM head replaced
+    quantize_from_gguf(model, gguf_path) -> {"int4": n, "q6k": n, "int8": n}: the decoder's layers and head replaced
     weight_int4_exact() -> bool: the kernel gives a row the same bits alone and in any batch (checked once)
 
 Why: a CPU decoding step costs about the bytes of weights it streams. The embedded GGUFs hold their weights as
 4-bit blocks (Q4_K_M: Q4_K for most layers, Q6_K for some), which the converted copy turns into fp32; int8w
-(int8weight.py) streams a byte a weight, this path 5/8 of one (4 bits and a bf16 scale and zero per 32).
+(int8weight.py) streams a byte a weight, this path about 5/8 of one.
 
-No float is quantized again where the block format maps: a Q4_K super-block holds 256 weights in eight groups of
-32, w = d*sc_j*q - dmin*m_j (q 0..15; d, dmin fp16; sc_j, m_j 6-bit), and torch's CPU kernel
-(`_weight_int4pack_mm_for_cpu`, gpt-fast's int4 path) computes w = (q - 8)*S + Z per group of 32. So q is taken
-as it is, S = d*sc_j and Z = 8*S - dmin*m_j. The kernel takes S and Z in the activations' dtype, and only bf16
-activations are fast (a 17,920 x 1,536 product, one row, 2-core Zen 5: 0.4-0.6 ms in bf16, 51 ms in fp32; int8w
-0.8-1.2 ms, bf16 dense 1.9-2.9 ms): S and Z are rounded to bf16 once, the product runs on bf16 activations, as
-int8w's does. A layer stored otherwise (Q6_K, Q5_0, Q8_0) becomes int8w from its dequantized weights, and a
-layer whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or
-transposed) too: each Q4_K tensor is checked against the converted model's weight before it is used.
+Two kernels, one per process (a row must round alike alone and in a tree, so they are never mixed):
+- where the CPU has AMX, gguf_amx.py's compiled kernel: Q4_K and Q6_K blocks as they are (weight = d*sc*q -
+  dmin*m, and d*sc*(q - 32)), one tile product per group of weights for up to 16 rows, so a draft tree costs
+  little more than one row (the 1.5B after 300 cached tokens, 2-core Xeon with AMX: 67 ms for one row, 137 for
+  16, against 84 and 219 with torch's products; docs/cpu.md);
+- elsewhere torch's `_weight_int4pack_mm_for_cpu` (gpt-fast's int4 path), which computes w = (q - 8)*S + Z per
+  group of 32: q is taken as it is, S = d*sc_j and Z = 8*S - dmin*m_j, rounded to bf16 once (the kernel takes S
+  and Z in the activations' dtype, and only bf16 activations are fast: a 17,920 x 1,536 product, one row, 2-core
+  Zen 5: 0.4-0.6 ms in bf16, 51 ms in fp32). Its cost grows with the rows faster than a float product's (1 row
+  0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4, against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6).
+A layer stored otherwise (Q5_0, Q8_0; Q6_K without AMX) becomes int8w from its dequantized weights, and a layer
+whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or transposed)
+too: each tensor is checked against the converted model's weight before it is used.
 
 Like int8w: each output element is one dot product whose order depends on neither the number of rows nor the
 other columns in the call (`weight_int4_exact` checks it on this CPU), so a draft tree's row rounds as it does
-alone and REST over this model emits what its plain greedy decoding emits. The kernel's cost grows with the rows
-faster than a float product's (17,920 x 1,536: 1 row 0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4,
-against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6): calls of more than MAX_ROWS rows (prompt chunks) take the
-float layer (`wide`, bf16 where the CPU multiplies it natively), and the engine keeps draft trees within
-MAX_ROWS rows for a model that holds these layers (rest_lsp/engine/generate.py), so that every verification
-and every decoding step runs the 4-bit product.
+alone and REST over this model emits what its plain greedy decoding emits. Calls of more than MAX_ROWS rows
+(prompt chunks) take the float layer (`wide`, bf16 where the CPU multiplies it natively), and the engine keeps
+draft trees within MAX_ROWS rows for a model that holds these layers (rest_lsp/engine/generate.py), so that
+every verification and every decoding step runs the quantized product.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ import torch
 
 from .int8row import fused_bias, linear_slots
 from .int8weight import FLOAT_ROWS, Int8WeightLinear, fused_rows_invariant
+from .gguf_amx import Q6Blocks, QBlocks, q4k_fields
+from . import gguf_amx
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +65,11 @@ def q4k_groups(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     Worked example, one super-block: bytes 0-1 d = 0.5, 2-3 dmin = 0.25, scale byte 0 = 3 (group 0's sc, top
     bits 0), scale byte 4 = 2 (its m), value byte 0 = 0x7A -> weight 0 = 0.5*3*0xA - 0.25*2 = 14.5 and weight 32
     (group 1, the high nibble) = d*sc_1*7 - dmin*m_1."""
-    n = raw.shape[0]
-    if k % SUPER or raw.shape[1] != k // SUPER * Q4K_BYTES:
-        raise ValueError(f"Q4_K rows of width {k} take {k // SUPER * Q4K_BYTES} bytes, got {raw.shape[1]}")
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, Q4K_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, B, 1]
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    s = blocks[..., 4:16]
-    lo_sc, lo_m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    # groups 0-3: the low six bits of bytes 0-3 (scales) and 4-7 (mins); groups 4-7: a nibble of bytes 8-11
-    # below the top two bits of bytes 0-3 (scales) and 4-7 (mins)
-    sc = np.concatenate([lo_sc & 63, (hi & 15) | ((lo_sc >> 6) << 4)], axis=-1).astype(np.float32)  # [N, B, 8]
-    m = np.concatenate([lo_m & 63, (hi >> 4) | ((lo_m >> 6) << 4)], axis=-1).astype(np.float32)
-    # values: four runs of 32 bytes; a run's low nibbles are group 2c, its high nibbles group 2c + 1
-    qs = blocks[..., 16:].reshape(n, k // SUPER, 4, 1, 32)
-    q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k)
-    return q, (d * sc).reshape(n, -1), (dmin * m).reshape(n, -1)
+    q, d, dmin, sc, m = q4k_fields(raw, k)
+    n = q.shape[0]
+    scale = d[..., None] * sc.reshape(n, d.shape[1], -1).astype(np.float32)
+    low = dmin[..., None] * m.reshape(n, d.shape[1], -1).astype(np.float32)
+    return q, scale.reshape(n, -1), low.reshape(n, -1)
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, low: np.ndarray) -> torch.Tensor:
@@ -100,37 +93,56 @@ def pack(q: np.ndarray, scale: np.ndarray, low: np.ndarray) -> tuple[torch.Tenso
 
 
 class Int4WeightLinear(torch.nn.Module):
-    """y = bf16(x) @ W4^T (+ b): 4-bit weights in groups of 32 (bf16 scale and zero), bf16 products, fp32 bias
-    and output. Input any float dtype [..., K]; output [..., N] in the input's dtype."""
+    """y = bf16(x) @ W4^T (+ b): 4-bit weights in groups of 32, bf16 products, fp32 bias and output. Input any
+    float dtype [..., K]; output [..., N] in the input's dtype. Two kernels, one per process and never mixed
+    (a row must round alike alone and in a tree): the AMX one (gguf_amx.py: `blocks` a QBlocks) where the CPU has
+    AMX, else torch's (`blocks` = (packed [N, K/2] uint8, scale_zeros [K/32, N, 2] bf16))."""
 
-    MAX_ROWS = 16  # calls of more rows take `wide` (where the kernel's cost passes bf16's, above)
+    MAX_ROWS = 16  # calls of more rows take `wide` (where torch's kernel's cost passes bf16's, above)
 
-    def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, bias: torch.Tensor | None,
+    def __init__(self, blocks: tuple[torch.Tensor, ...], bias: torch.Tensor | None,
                  wide: torch.nn.Module | None = None):
         super().__init__()
-        self.out_features = packed.shape[0]
-        self.in_features = scale_zeros.shape[0] * GROUP
-        self.register_buffer("packed", packed.contiguous())
-        self.register_buffer("scale_zeros", scale_zeros.contiguous())
+        self.amx = isinstance(blocks, (QBlocks, Q6Blocks))
+        self._kind = type(blocks)
+        # the AMX layouts: [N/16, K/4, 32] first; torch's: packed [N, K/2], scale_zeros [K/32, N, 2]
+        self.out_features = blocks[0].shape[0] * gguf_amx.COLUMNS if self.amx else blocks[0].shape[0]
+        self.in_features = blocks[0].shape[1] * 4 if self.amx else blocks[1].shape[0] * GROUP
+        self._names = blocks._fields if self.amx else ("packed", "scale_zeros")
+        for name, t in zip(self._names, blocks):
+            self.register_buffer(name, t.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.wide = wide  # the float layer for calls of more than MAX_ROWS rows (None: int4 for all)
+
+    @property
+    def kernel_tag(self) -> str:  # for the cached c(q)'s key (engine/cost.py): which product, which source
+        return f"int4w-{kernel_name()}" if self.amx else "int4w-torch"
+
+    @property
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        parts = tuple(getattr(self, n) for n in self._names)
+        return self._kind(*parts) if self.amx else parts
 
     @classmethod
     def from_q4k(cls, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
                  wide: torch.nn.Module | None = None) -> "Int4WeightLinear":
-        return cls(*pack(*q4k_groups(raw, k)), bias, wide)
+        if gguf_amx.kernel() is not None:
+            return cls(gguf_amx.pack(raw, k), bias, wide)
+        return cls(pack(*q4k_groups(raw, k)), bias, wide)
 
     @classmethod
     def fuse(cls, *mods: "Int4WeightLinear", wide: torch.nn.Module | None = None) -> "Int4WeightLinear":
         """One product for layers over the same input: each output column is its own dot product, so the
         fused output is the parts' outputs concatenated (weight_int4_exact checks it)."""
-        if len({m.in_features for m in mods}) != 1:
-            raise ValueError("Int4WeightLinear.fuse: layers must share their input size")
-        if any(m.out_features % N_BLOCK for m in mods[:-1]):
+        if len({m.in_features for m in mods}) != 1 or len({m._kind for m in mods}) != 1:
+            raise ValueError("Int4WeightLinear.fuse: layers must share their input size and kernel")
+        if not mods[0].amx and any(m.out_features % N_BLOCK for m in mods[:-1]):
             raise ValueError(f"Int4WeightLinear.fuse: a layer before the last is not a whole number of {N_BLOCK} rows")
         if len(mods) == 1:
-            return cls(mods[0].packed, mods[0].scale_zeros, mods[0].bias, wide)
-        return cls(torch.cat([m.packed for m in mods]), torch.cat([m.scale_zeros for m in mods], dim=1),
+            return cls(mods[0].blocks, mods[0].bias, wide)
+        if mods[0].amx:
+            return cls(mods[0]._kind.cat(*(m.blocks for m in mods)), fused_bias(mods), wide)
+        return cls((torch.cat([m.packed for m in mods]), torch.cat([m.scale_zeros for m in mods], dim=1)),
                    fused_bias(mods), wide)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
@@ -140,13 +152,29 @@ class Int4WeightLinear(torch.nn.Module):
             return x.new_zeros(*lead, self.out_features)
         if self.wide is not None and x2.shape[0] > self.MAX_ROWS:
             return self.wide(x2.to(self.wide.weight.dtype)).to(x.dtype).reshape(*lead, self.out_features)
-        y = _kernel(x2.to(torch.bfloat16).contiguous(), self.packed, self.scale_zeros).float()
+        if self.amx:
+            y = gguf_amx.matmul(x2, self.blocks)
+        else:
+            y = _kernel(x2.to(torch.bfloat16).contiguous(), self.packed, self.scale_zeros).float()
         if self.bias is not None:
             y.add_(self.bias)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernel={'amx' if self.amx else 'torch'}")
+
+
+class Q6KLinear(Int4WeightLinear):
+    """A GGUF's Q6_K layer as its own blocks (weight = d*sc*(q - 32), 16 weights a scale), on the AMX kernel
+    (gguf_amx.py): 6.6 bits a weight where int8w reads 8, and a tree's rows for about one row's cost (the
+    1.5B's LM head, 151,936 x 1,536, is Q6_K: at int8w 15 ms for one row and 79 ms for 16 on a 2-core Xeon with
+    AMX). Where the AMX kernel is missing such a layer is int8w, as before."""
+
+    @classmethod
+    def from_q6k(cls, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
+                 wide: torch.nn.Module | None = None) -> "Q6KLinear":
+        return cls(gguf_amx.pack_q6k(raw, k), bias, wide)
 
 
 class Parts(torch.nn.Module):
@@ -170,18 +198,23 @@ class Parts(torch.nn.Module):
         return torch.cat([p(x2) for p in self.parts], dim=-1).reshape(*lead, self.out_features)
 
 
-WEIGHT_ONLY = (Int4WeightLinear, Int8WeightLinear, Parts)
+WEIGHT_ONLY = (Int4WeightLinear, Int8WeightLinear, Parts)  # Q6KLinear is an Int4WeightLinear
 
 
 def fuse_weight_only(*mods, wide: torch.nn.Module | None = None) -> torch.nn.Module:
     """The layers' products as one module: one fused product where they are of one kind, else Parts."""
     kinds = {type(m) for m in mods}
-    if len(kinds) == 1 and kinds <= {Int4WeightLinear, Int8WeightLinear}:
+    if len(kinds) == 1 and kinds <= {Int4WeightLinear, Q6KLinear, Int8WeightLinear}:
         try:
             return kinds.pop().fuse(*mods, wide=wide)
         except ValueError:  # int4 layers whose packing does not concatenate
             pass
     return Parts(mods, wide)
+
+
+def kernel_name() -> str:
+    """Which product int4w runs in this process: "amx-<source digest>" (gguf_amx.py) or "torch"."""
+    return f"amx-{gguf_amx.source_digest()}" if gguf_amx.kernel() is not None else "torch"
 
 
 @functools.cache
@@ -234,7 +267,26 @@ def _q4k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> I
     groups = q4k_groups(np.asarray(tensor.data), k)
     if not torch.equal(dequantize(*groups), linear.weight.detach().float()):
         return None
-    return Int4WeightLinear(*pack(*groups), linear.bias, wide)
+    blocks = gguf_amx.pack(np.asarray(tensor.data), k) if gguf_amx.kernel() is not None else pack(*groups)
+    return Int4WeightLinear(blocks, linear.bias, wide)
+
+
+def _q6k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> Q6KLinear | None:
+    """A Q6KLinear from a Q6_K tensor that decodes to exactly `linear`'s weight, where the AMX kernel runs;
+    None otherwise (the layer becomes int8w)."""
+    from gguf import GGMLQuantizationType
+
+    n, k = linear.weight.shape
+    if gguf_amx.kernel() is None or tensor.tensor_type != GGMLQuantizationType.Q6_K \
+            or tuple(tensor.data.shape) != (n, k // SUPER * gguf_amx.Q6K_BYTES) or n % gguf_amx.COLUMNS:
+        return None
+    raw = np.asarray(tensor.data)
+    q, d, sc = gguf_amx.q6k_fields(raw, k)
+    scale = np.repeat(d, SUPER // 16, axis=1) * sc.astype(np.float32)  # d*sc: exact in fp32, as ggml's
+    w = torch.from_numpy((scale[:, :, None] * (q.reshape(n, -1, 16).astype(np.float32) - 32)).reshape(n, k))
+    if not torch.equal(w, linear.weight.detach().float()):
+        return None
+    return Q6KLinear.from_q6k(raw, k, linear.bias, wide)
 
 
 @torch.no_grad()
@@ -253,20 +305,21 @@ def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = t
     tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
     names = {id(mod): name for name, mod in model.named_modules()}
     head = model.get_output_embeddings()
-    counts = {"int4": 0, "int8": 0}
+    counts = {"int4": 0, "q6k": 0, "int8": 0}
     for parent, attr in list(linear_slots(model, head=True)):
         linear = getattr(parent, attr)
         layer = None
         for tname in gguf_name(names.get(id(linear), ""), linear is head):
             if tname in tensors:
-                layer = _q4k_layer(tensors[tname], linear, linear)
+                layer = _q4k_layer(tensors[tname], linear, linear) or _q6k_layer(tensors[tname], linear, linear)
                 break
         if layer is None:
             layer = Int8WeightLinear.from_linear(linear)
         layer.wide.to(wide_dtype)
-        counts["int4" if isinstance(layer, Int4WeightLinear) else "int8"] += 1
+        counts["q6k" if isinstance(layer, Q6KLinear) else "int4" if isinstance(layer, Int4WeightLinear) else "int8"] += 1
         setattr(parent, attr, layer)
-    log.info("int4w: %d layers from Q4_K blocks, %d as int8w", counts["int4"], counts["int8"])
+    log.info("int4w: %d layers from Q4_K blocks, %d from Q6_K blocks, %d as int8w", counts["int4"], counts["q6k"],
+             counts["int8"])
     if counts["int4"] == 0:
         raise ValueError(f"int4w: {Path(gguf).name} holds no Q4_K layer that decodes to this model's weights")
     return counts

@@ -118,6 +118,10 @@ def _cache_path(model_name: str, names: Sequence[str] = ()) -> Path:
     # INT4W_QUALITY) is measured again
     key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}" \
         + "".join(f"-{n}" for n in QUANTIZED if n in names)
+    if "int4w" in names:  # its product is compiled here or torch's (int4weight.kernel_name): each its own figures
+        from .int4weight import kernel_name
+
+        key += f"-{kernel_name()}"
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 

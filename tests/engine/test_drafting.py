@@ -211,3 +211,24 @@ def test_a_cost_curve_is_not_read_after_the_forward_code_changed(tmp_path, monke
     bare = type("V", (), {})()
     bare.lm = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert forward_code(bare) == forward_code(type("V", (), {})())
+
+
+def test_a_cost_curve_is_keyed_by_the_compiled_kernel_a_module_runs():
+    """The same module source runs a compiled kernel on one machine and torch's on another (int4w on AMX or
+    not, `kernel_tag`): each has its own c(q)."""
+    import torch
+
+    from rest_lsp.engine.cost import forward_code
+
+    class Tagged(torch.nn.Module):
+        def __init__(self, tag):
+            super().__init__()
+            self.kernel_tag = tag
+
+    def verifier(tag):
+        v = type("V", (), {})()
+        v.lm = torch.nn.Sequential(Tagged(tag))
+        return v
+
+    assert forward_code(verifier("int4w-amx-1")) == forward_code(verifier("int4w-amx-1"))
+    assert forward_code(verifier("int4w-amx-1")) != forward_code(verifier("int4w-torch"))

@@ -67,7 +67,8 @@ def test_rest_equals_transformers_generate(tiny_dir, precision, verifier):
 def q4k_model(tmp_path_factory):
     from testmodels.tiny import make_tiny_q4k_model
 
-    return make_tiny_q4k_model(tmp_path_factory.mktemp("q4k") / "model", q8_layers=("model.layers.1.self_attn.v_proj",))
+    return make_tiny_q4k_model(tmp_path_factory.mktemp("q4k") / "model", q8_layers=("model.layers.1.self_attn.v_proj",),
+                               q6_layers=("model.layers.0.mlp.down_proj",))
 
 
 @pytest.mark.skipif(not weight_int4_exact(), reason="int4w is refused where its kernel is missing or not batch-invariant")

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rest_lsp.model.int4weight import (Int4WeightLinear, Parts, dequantize, fuse_weight_only, q4k_groups,
+from rest_lsp.model.int4weight import (Int4WeightLinear, Parts, dequantize, fuse_weight_only, pack, q4k_groups,
                                        quantize_from_gguf, weight_int4_exact)
+from rest_lsp.model import gguf_amx
+from rest_lsp.model.int4weight import Q6KLinear
 from rest_lsp.model.int8weight import Int8WeightLinear
 
 needs_kernel = pytest.mark.skipif(not weight_int4_exact(), reason="int4w is refused where its kernel is missing or "
@@ -61,11 +63,26 @@ def test_products_match_the_decoded_weights_and_fuse_exactly():
     fused = fuse_weight_only(*layers)
     assert isinstance(fused, Int4WeightLinear)
     assert torch.equal(fused(x), torch.cat([m(x) for m in layers], dim=1))
-    # a layer before the last that does not fill whole 64-row blocks cannot share one packing: parts
+    # a layer before the last that does not fill whole 64-row blocks cannot share torch's packing (parts);
+    # the AMX kernel's blocks are 16 columns wide, so there it fuses
     odd = Int4WeightLinear.from_q4k(random_q4k_blocks(48, 512, rng), 512)
     parts = fuse_weight_only(odd, layers[0])
-    assert isinstance(parts, Parts)
+    assert isinstance(parts, Int4WeightLinear if odd.amx else Parts)
     assert torch.equal(parts(x), torch.cat([odd(x), layers[0](x)], dim=1))
+
+
+def test_torchs_kernel_packing_fuses_only_whole_blocks():
+    from testmodels.tiny import random_q4k_blocks
+
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        pytest.skip("this torch build has no CPU int4 kernel")
+    rng = np.random.default_rng(3)
+    odd, whole = (Int4WeightLinear(pack(*q4k_groups(random_q4k_blocks(n, 512, rng), 512)), None) for n in (48, 64))
+    assert not odd.amx
+    x = torch.randn(3, 512)
+    parts = fuse_weight_only(odd, whole)
+    assert isinstance(parts, Parts)
+    assert torch.equal(parts(x), torch.cat([odd(x), whole(x)], dim=1))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +90,8 @@ def q4k_model(tmp_path_factory):
     from testmodels.tiny import make_tiny_q4k_model
 
     return make_tiny_q4k_model(tmp_path_factory.mktemp("q4k") / "model",
-                               q8_layers=("model.layers.1.self_attn.v_proj", "model.layers.0.mlp.down_proj"))
+                               q8_layers=("model.layers.1.self_attn.v_proj", "model.layers.0.mlp.down_proj"),
+                               q6_layers=("model.layers.1.mlp.down_proj",))
 
 
 def int4w_model(q4k_model):
@@ -94,11 +112,14 @@ def test_q4k_layers_become_int4_and_the_others_int8(q4k_model):
     lm = load_model(str(model_dir), device="cpu", precision="fp32")
     layers = lm.model.model.layers
     counts = quantize_from_gguf(lm.model, gguf_file)
-    assert counts == {"int4": 13, "int8": 2}  # 2 x 7 projections + the head, two of them stored as Q8_0
-    assert isinstance(layers[0].self_attn.q_proj, Int4WeightLinear)
+    # 2 x 7 projections + the head: two stored as Q8_0, one as Q6_K (its own blocks where the AMX kernel runs)
+    amx = gguf_amx.kernel() is not None
+    assert counts == {"int4": 12, "q6k": int(amx), "int8": 3 - int(amx)}
+    assert type(layers[0].self_attn.q_proj) is Int4WeightLinear
     assert isinstance(layers[1].self_attn.v_proj, Int8WeightLinear)
     assert isinstance(layers[0].mlp.down_proj, Int8WeightLinear)
-    assert isinstance(lm.model.lm_head, Int4WeightLinear)
+    assert isinstance(layers[1].mlp.down_proj, Q6KLinear if amx else Int8WeightLinear)
+    assert type(lm.model.lm_head) is Int4WeightLinear
 
 
 @needs_kernel

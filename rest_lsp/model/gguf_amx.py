@@ -1,0 +1,199 @@
+"""A GGUF's Q4_K and Q6_K blocks multiplied on AMX tiles: int4w's products where the CPU has AMX, one compiled
+source (kernels/gguf_amx.cpp) whose cost hardly grows with the rows.
+
+    kernel() -> the compiled module, or None where the CPU, the compiler or the OS refuses (logged once)
+    pack(raw [N, K/256*144] uint8, k) -> QBlocks(codes, dd, sm): the kernel's layout of a Q4_K tensor
+    pack_q6k(raw [N, K/256*210] uint8, k) -> Q6Blocks(lo, hi, dd, sc): the same for Q6_K
+    QBlocks.cat(*parts), Q6Blocks.cat(*parts) -> the layers side by side (one product for gate and up)
+    matmul(x [M, K] float, blocks) -> [M, N] fp32
+
+Why: torch's int4 product (`_weight_int4pack_mm_for_cpu`) decodes the weights again for every 4 rows, so a
+draft tree of 16 rows costs 4-7x one row (17,920 x 1,536 on a 2-core Xeon with AMX: 0.70 ms at 1 row, 1.29 at
+4, 4.98 at 16), and the 1.5B at int4w could afford trees of 2-3 nodes only; its Q6_K layers (the head, half the
+down projections) were int8w, 8 bits a weight and the same growth. Here each super-block's weights are decoded
+once into bf16 tiles and one tile product serves up to 16 rows: 0.64, 0.72 and 1.43 ms (docs/cpu.md).
+
+Exact as int4w requires: the weights are the blocks' own (Q4_K: d*sc*q - dmin*m; Q6_K: d*sc*(q - 32); the scales
+computed in fp32 as gguf does, not rounded to bf16 as torch's layout needs them). A code q is decoded to the
+bf16 value 128 + q by one OR (0x4300 | q), each group is one tile product of exact bf16 products summed in
+fp32, and the 128 (Q6_K: 160) comes off through the group's activation sum; an output element's operations
+depend on neither the rows nor the other columns of the call, so a row gets the same bits alone and in a tree
+(`int4weight.weight_int4_exact` checks it at load; int4w is refused where it fails).
+
+Worked example, Q4_K, one column and one group: q = (1, 0, 0, ..., 0), d*sc = 0.5, dmin*m = 0.25, x = (2, 4, 0,
+...): the tile product gives 129*2 + 128*4 = 770, the group's activations sum to 6, so the dot product with q
+is 770 - 128*6 = 2 and y = 0.5*2 - 0.25*6 = -0.5, which is sum((0.5*q - 0.25)*x) = 0.25*2 - 0.25*4.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
+COLUMNS = 16  # a column block: one tile's width in fp32
+SUPER = 256
+Q4K_BYTES = 144
+
+
+Q6K_BYTES = 210  # ql[128] (low four bits), qh[64] (top two), 16 int8 scales, d (fp16)
+
+
+class QBlocks(NamedTuple):
+    codes: torch.Tensor  # [N/16, K/4, 32] uint8: two nibble planes = two rows of a B tile
+    dd: torch.Tensor  # [N/16, K/256, 2, 16] fp32: d and dmin per super-block and column
+    sm: torch.Tensor  # [N/16, K/32, 2, 16] uint8: sc and m per group and column
+
+    @staticmethod
+    def cat(*parts: "QBlocks") -> "QBlocks":
+        return QBlocks(*(torch.cat(t) for t in zip(*parts)))
+
+
+class Q6Blocks(NamedTuple):
+    lo: torch.Tensor  # [N/16, K/4, 32] uint8: the low four bits, laid out as QBlocks.codes
+    hi: torch.Tensor  # [N/16, K/8, 32] uint8: byte j of chunk h, bits 2v: the top two of pair 4h + v, lane j
+    dd: torch.Tensor  # [N/16, K/256, 16] fp32: d per super-block and column
+    sc: torch.Tensor  # [N/16, K/16, 16] int8: a scale per 16 weights and column
+
+    @staticmethod
+    def cat(*parts: "Q6Blocks") -> "Q6Blocks":
+        return Q6Blocks(*(torch.cat(t) for t in zip(*parts)))
+
+
+def q6k_fields(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q6_K tensor's rows ([N, K/256*210] bytes) -> q [N, K] (0..63), d [N, K/256] fp32, sc [N, K/16] int8,
+    with weight = d*sc*(q - 32) (ggml's dequantize_row_q6_K: each half of a super-block takes 64 bytes of ql,
+    32 of qh and 8 scales; weight l + 32j of a half has the low bits of ql[l + 32(j % 2)] (low nibble for j < 2)
+    and bits 2j..2j+1 of qh[l])."""
+    n = raw.shape[0]
+    if k % SUPER or raw.shape[1] != k // SUPER * Q6K_BYTES:
+        raise ValueError(f"Q6_K rows of width {k} take {k // SUPER * Q6K_BYTES} bytes, got {raw.shape[1]}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, Q6K_BYTES)
+    ql = blocks[..., 0:128].reshape(n, -1, 2, 64)  # [N, B, half, 64]
+    qh = blocks[..., 128:192].reshape(n, -1, 2, 1, 32)
+    sc = blocks[..., 192:208].copy().view(np.int8).reshape(n, -1)
+    d = blocks[..., 208:210].copy().view(np.float16).astype(np.float32)[..., 0]
+    low = np.stack([ql[..., 0:32] & 15, ql[..., 32:64] & 15, ql[..., 0:32] >> 4, ql[..., 32:64] >> 4], axis=3)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # [N, B, half, 4, 32]
+    q = (low | (high << 4)).reshape(n, k)
+    return q, d, sc
+
+
+def q4k_fields(raw: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """A Q4_K tensor's rows -> q [N, K] (0..15), d and dmin [N, K/256] fp32, sc and m [N, K/32] (6-bit), with
+    weight = d*sc*q - dmin*m per group of 32 (gguf's own decoding, int4weight.q4k_groups's parts)."""
+    n = raw.shape[0]
+    if k % SUPER or raw.shape[1] != k // SUPER * Q4K_BYTES:
+        raise ValueError(f"Q4_K rows of width {k} take {k // SUPER * Q4K_BYTES} bytes, got {raw.shape[1]}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, Q4K_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [N, B]
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+    s = blocks[..., 4:16]
+    lo_sc, lo_m, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    # groups 0-3: the low six bits of bytes 0-3 (scales) and 4-7 (mins); groups 4-7: a nibble of bytes 8-11
+    # below the top two bits of bytes 0-3 (scales) and 4-7 (mins)
+    sc = np.concatenate([lo_sc & 63, (hi & 15) | ((lo_sc >> 6) << 4)], axis=-1).reshape(n, -1)
+    m = np.concatenate([lo_m & 63, (hi >> 4) | ((lo_m >> 6) << 4)], axis=-1).reshape(n, -1)
+    # values: four runs of 32 bytes; a run's low nibbles are group 2c, its high nibbles group 2c + 1
+    qs = blocks[..., 16:].reshape(n, k // SUPER, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k)
+    return q, d, dmin, sc, m
+
+
+def _pairs(q: np.ndarray) -> np.ndarray:
+    """q [N, K] (values below 16) -> [N/16, K/4, 32] uint8: byte j of chunk c holds column j // 2's k = 4c + j % 2
+    (low nibble) and k = 4c + 2 + j % 2 (high nibble): two rows of a B tile."""
+    n, k = q.shape
+    if n % COLUMNS:
+        raise ValueError(f"gguf_amx: {n} output rows are not whole blocks of {COLUMNS}")
+    qq = q.reshape(n // COLUMNS, COLUMNS, k // 4, 2, 2)  # [block, column, chunk, plane, k % 2]
+    lo = qq[:, :, :, 0, :].transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // 4, 32)
+    hi = qq[:, :, :, 1, :].transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // 4, 32)
+    return np.ascontiguousarray(lo | (hi << 4), dtype=np.uint8)
+
+
+def _per_block(dtype, *fields: np.ndarray) -> torch.Tensor:
+    """[N, X] fields -> [N/16, X, len(fields), 16] (squeezed when one): a column block's values side by side."""
+    nb = fields[0].shape[0] // COLUMNS
+    both = np.stack([f.reshape(nb, COLUMNS, -1) for f in fields], axis=2).transpose(0, 3, 2, 1)
+    out = torch.from_numpy(np.ascontiguousarray(both, dtype=dtype))
+    return out[:, :, 0].contiguous() if len(fields) == 1 else out
+
+
+def pack(raw: np.ndarray, k: int) -> QBlocks:
+    """A Q4_K tensor -> the kernel's layout (the worked example above)."""
+    if raw.shape[0] % COLUMNS:
+        raise ValueError(f"gguf_amx: {raw.shape[0]} output rows are not whole blocks of {COLUMNS}")
+    q, d, dmin, sc, m = q4k_fields(raw, k)
+    return QBlocks(torch.from_numpy(_pairs(q)), _per_block(np.float32, d, dmin), _per_block(np.uint8, sc, m))
+
+
+def pack_q6k(raw: np.ndarray, k: int) -> Q6Blocks:
+    if raw.shape[0] % COLUMNS:
+        raise ValueError(f"gguf_amx: {raw.shape[0]} output rows are not whole blocks of {COLUMNS}")
+    q, d, sc = q6k_fields(raw, k)
+    n = q.shape[0]
+    # the top two bits: pair p = 4h + v of column c sits in lane 2c + (k % 2) of byte plane h at bits 2v
+    top = (q >> 4).reshape(n // COLUMNS, COLUMNS, k // 8, 4, 2)  # [block, column, h, v, k % 2]
+    top = top.transpose(0, 2, 1, 4, 3).reshape(n // COLUMNS, k // 8, 32, 4)
+    hi = (top << (2 * np.arange(4, dtype=np.uint8))).sum(axis=-1, dtype=np.uint8)
+    return Q6Blocks(torch.from_numpy(_pairs(q & 15)), torch.from_numpy(np.ascontiguousarray(hi)),
+                    _per_block(np.float32, d), _per_block(np.int8, sc))
+
+
+def matmul(x: torch.Tensor, blocks: QBlocks | Q6Blocks) -> torch.Tensor:
+    if isinstance(blocks, Q6Blocks):
+        return kernel().q6k_amx_mm(x.contiguous(), *blocks)
+    return kernel().q4k_amx_mm(x.contiguous(), *blocks)
+
+
+@functools.cache
+def source_digest() -> str:
+    import hashlib
+
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return False
+    return {"amx_tile", "amx_bf16", "avx512bw"} <= set(flags)
+
+
+@functools.cache
+def kernel() -> Any | None:
+    """Built once per source and torch version under the cache directory (about 20 s on 2 cores), then
+    loaded; REST_LSP_INT4_KERNEL=torch turns it off (torch's product everywhere)."""
+    if os.environ.get("REST_LSP_INT4_KERNEL", "auto") == "torch" or not _cpu_has_amx():
+        return None
+    from torch.utils.cpp_extension import load
+
+    from restbase.storage import cache_root
+
+    build = cache_root() / "kernels" / f"gguf_amx-torch{torch.__version__.replace('+', '_')}"
+    build.mkdir(parents=True, exist_ok=True)
+    # the compiler runs ninja; a venv's own (the `ninja` requirement) when the venv is not on PATH
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
+    try:
+        mod = load(name="rest_lsp_gguf_amx", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                   build_directory=str(build), verbose=False)
+        if not mod.q4k_amx_ready():
+            raise RuntimeError("the OS refused AMX tile state")
+    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, an assembler without AMX: torch's product
+        log.warning("int4w: the AMX kernel is not available (%s); torch's int4 product is used", e)
+        return None
+    finally:
+        os.environ["PATH"] = path
+    return mod

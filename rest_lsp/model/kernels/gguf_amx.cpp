@@ -1,0 +1,236 @@
+// Q4_K and Q6_K weights times bf16 activations on AMX tiles (rest_lsp/model/gguf_amx.py builds and documents it).
+//
+// codes [NB, K/4, 32] uint8: column block nb holds columns 16nb..16nb+15; byte j of chunk c holds, for column
+//   16nb + j/2, the 4-bit value of k = 4c + j%2 (low nibble) and k = 4c + 2 + j%2 (high nibble): a chunk's two
+//   nibble planes are two rows of an AMX B tile (a pair of k for 16 columns).
+// dd [NB, K/256, 2, 16] fp32: each super-block's d and dmin per column; sm [NB, K/32, 2, 16] uint8: each
+//   group's 6-bit scale and min per column. weight = d*sc*q - dmin*m.
+// y[m][n] = sum over groups g of S*dot(q, x) - L*sum(x), S = d*sc, L = dmin*m, with x rounded to bf16 once and
+// dot(q, x) = dot(128 + q, x) - 128*sum(x), the first one tile product (exact bf16 products, fp32 sums) per
+// group: each element's operations depend on neither the number of rows nor the other columns, so a row gets
+// the same bits alone and in any batch.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+bool tiles_permitted() {  // Linux hands out AMX tile state on request only
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {0};
+  uint16_t colsb[16] = {0};
+  uint8_t rows[16] = {0};
+};
+
+// bf16 of 128 + q for q < 128 is 0x4300 | q (exponent 2^7, q the mantissa): the codes become exact bf16
+// values with one OR, and the products drop the 128 again through the group's activation sum
+constexpr uint16_t BF16_128 = 0x4300;
+constexpr int PREFETCH = 4096;  // bytes ahead of the codes being decoded
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t b = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// the activations as bf16 rows, zero-padded to a whole number of tiles, and each group's sum of them
+struct Activations {
+  torch::Tensor bf16;
+  std::vector<float> sums;
+};
+
+Activations prepare(const torch::Tensor& x, int64_t rows_padded, int group) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / group;
+  Activations a{torch::zeros({rows_padded, K}, torch::kBFloat16), std::vector<float>(M * G)};
+  a.bf16.narrow(0, 0, M).copy_(x);
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(a.bf16.data_ptr());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int k = 0; k < group; ++k) s += bf16_to_float(xb[m * K + g * group + k]);
+      a.sums[m * G + g] = s;
+    }
+  return a;
+}
+
+}  // namespace
+
+bool q4k_amx_ready() { return tiles_permitted(); }
+
+torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd, torch::Tensor sm) {
+  TORCH_CHECK(tiles_permitted(), "q4k_amx_mm: the kernel refused AMX tile state");
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 3 && codes.size(2) == 32, "q4k_amx_mm: shapes");
+  TORCH_CHECK(codes.is_contiguous() && dd.is_contiguous() && sm.is_contiguous(), "q4k_amx_mm: contiguous weights");
+  const int64_t M = x.size(0), K = x.size(1), NB = codes.size(0), N = NB * 16, G = K / 32, SB = K / 256;
+  TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
+  // rows per tile: all of them up to 16, else 16 with the activations padded by zero rows
+  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
+  const Activations act = prepare(x, Mp, 32);
+  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
+  const std::vector<float>& xsum = act.sums;
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  if (M == 0) return out;
+  float* op = out.data_ptr<float>();
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const float* dp = dd.data_ptr<float>();
+  const uint8_t* sp = sm.data_ptr<uint8_t>();
+  const __m512i low4 = _mm512_set1_epi16(15), bias128 = _mm512_set1_epi16(BF16_128);
+  const __m512 c128 = _mm512_set1_ps(128.f);
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    TileConfig cfg;
+    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // C: rows x 16 fp32
+    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // A: rows x 32 bf16
+    for (int t : {2, 5}) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B: 16 pairs of k x 16 columns
+    _tile_loadconfig(&cfg);
+    std::vector<float> tot(Mp * 16);
+    // a super-block's eight B tiles decoded before any is loaded: a tile load waits for the stores it reads
+    alignas(64) uint16_t wbuf[8][16 * 32];
+    alignas(64) float cbuf[8][16 * 16];
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      std::fill(tot.begin(), tot.end(), 0.f);
+      const uint8_t* q = cp + nb * (K / 4) * 32;
+      for (int64_t sb = 0; sb < SB; ++sb) {
+        const uint8_t* qs = q + sb * 64 * 32;
+        for (int c = 0; c < 64; ++c) {
+          if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(qs + c * 32 + PREFETCH), _MM_HINT_T0);
+          __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + c * 32)));
+          _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7)], _mm512_or_si512(_mm512_and_si512(w, low4), bias128));
+          _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7) + 32], _mm512_or_si512(_mm512_srli_epi16(w, 4), bias128));
+        }
+        const float* f = dp + (nb * SB + sb) * 32;
+        const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
+        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+          const uint16_t* xa = xbp + m0 * K + sb * 256;
+          for (int gi = 0; gi < 8; gi += 2) {  // two tile sets in turn
+            _tile_zero(0); _tile_loadd(1, xa + gi * 32, K * 2); _tile_loadd(2, wbuf[gi], 64);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_zero(3); _tile_loadd(4, xa + gi * 32 + 32, K * 2); _tile_loadd(5, wbuf[gi + 1], 64);
+            _tile_dpbf16ps(3, 4, 5);
+            _tile_stored(0, cbuf[gi], 64);
+            _tile_stored(3, cbuf[gi + 1], 64);
+          }
+          const int64_t rows = std::min<int64_t>(TR, M - m0);
+          for (int gi = 0; gi < 8; ++gi) {
+            const int64_t g = sb * 8 + gi;
+            const uint8_t* s = sp + (nb * G + g) * 32;
+            const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+            const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+            for (int64_t r = 0; r < rows; ++r) {
+              float* t = tot.data() + (m0 + r) * 16;
+              const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + g]);
+              const __m512 dot = _mm512_fnmadd_ps(c128, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q, not 128 + q
+              __m512 v = _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t));
+              v = _mm512_fnmadd_ps(L, xs, v);
+              _mm512_storeu_ps(t, v);
+            }
+          }
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
+    }
+    _tile_release();
+  });
+  return out;
+}
+
+// Q6_K: lo [NB, K/4, 32] uint8 (the low four bits, laid out as Q4_K's codes), hi [NB, K/8, 32] uint8 (byte j of
+// chunk h: the top two bits of lane j for the k-pairs 4h + v at bits 2v), dd [NB, K/256, 16] fp32 (d), sc
+// [NB, K/16, 16] int8 (a scale per 16 weights). weight = d*sc*(q - 32), q = lo | hi << 4 in 0..63; one tile
+// product per group of 16, y = sum over groups of d*sc*dot(q - 32, x).
+torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, torch::Tensor dd, torch::Tensor sc) {
+  TORCH_CHECK(tiles_permitted(), "q6k_amx_mm: the kernel refused AMX tile state");
+  TORCH_CHECK(x.dim() == 2 && lo.dim() == 3 && lo.size(2) == 32 && hi.size(2) == 32, "q6k_amx_mm: shapes");
+  TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous() && sc.is_contiguous(),
+              "q6k_amx_mm: contiguous weights");
+  const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 16, SB = K / 256;
+  TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
+  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  const Activations act = prepare(x, Mp, 16);  // q - 32 = (128 + q) - 160: the sums take the 160 off
+  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
+  const std::vector<float>& xsum = act.sums;
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  if (M == 0) return out;
+  float* op = out.data_ptr<float>();
+  const uint8_t* lp = lo.data_ptr<uint8_t>();
+  const uint8_t* hp = hi.data_ptr<uint8_t>();
+  const float* dp = dd.data_ptr<float>();
+  const int8_t* sp = sc.data_ptr<int8_t>();
+  const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3), bias128 = _mm512_set1_epi16(BF16_128);
+  const __m512 c160 = _mm512_set1_ps(160.f);
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    TileConfig cfg;
+    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // C: rows x 16 fp32
+    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 32; }  // A: rows x 16 bf16
+    for (int t : {2, 5}) { cfg.rows[t] = 8; cfg.colsb[t] = 64; }   // B: 8 pairs of k x 16 columns
+    _tile_loadconfig(&cfg);
+    std::vector<float> tot(Mp * 16);
+    alignas(64) uint16_t wbuf[128][32];  // a super-block's 128 pairs of k, decoded
+    alignas(64) float cbuf[16][16 * 16];
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      std::fill(tot.begin(), tot.end(), 0.f);
+      for (int64_t sb = 0; sb < SB; ++sb) {
+        const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
+        const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
+        for (int h = 0; h < 32; ++h) {
+          _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
+          if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
+          const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
+          const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
+          const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
+          const __m512i q[4] = {
+              _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
+              _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
+              _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
+              _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
+          for (int v = 0; v < 4; ++v) _mm512_store_si512(wbuf[4 * h + v], _mm512_or_si512(q[v], bias128));
+        }
+        const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
+        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+          const uint16_t* xa = xbp + m0 * K + sb * 256;
+          for (int gi = 0; gi < 16; gi += 2) {  // two tile sets in turn
+            _tile_zero(0); _tile_loadd(1, xa + gi * 16, K * 2); _tile_loadd(2, wbuf[8 * gi], 64);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_zero(3); _tile_loadd(4, xa + gi * 16 + 16, K * 2); _tile_loadd(5, wbuf[8 * gi + 8], 64);
+            _tile_dpbf16ps(3, 4, 5);
+            _tile_stored(0, cbuf[gi], 64);
+            _tile_stored(3, cbuf[gi + 1], 64);
+          }
+          const int64_t rows = std::min<int64_t>(TR, M - m0);
+          for (int gi = 0; gi < 16; ++gi) {
+            const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
+            const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+            for (int64_t r = 0; r < rows; ++r) {
+              float* t = tot.data() + (m0 + r) * 16;
+              const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + sb * 16 + gi]);
+              const __m512 dot = _mm512_fnmadd_ps(c160, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q - 32
+              _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+            }
+          }
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
+    }
+    _tile_release();
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4k_amx_mm", &q4k_amx_mm, "x [M, K] float, codes, dd, sm -> [M, N] fp32");
+  m.def("q6k_amx_mm", &q6k_amx_mm, "x [M, K] float, lo, hi, dd, sc -> [M, N] fp32");
+  m.def("q4k_amx_ready", &q4k_amx_ready, "whether the OS grants AMX tile state");
+}

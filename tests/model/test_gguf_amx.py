@@ -1,0 +1,109 @@
+"""int4w's AMX kernels (rest_lsp/model/gguf_amx.py, kernels/gguf_amx.cpp): Q4_K and Q6_K blocks times
+activations on AMX tiles.
+
+The products are checked against gguf's own dequantization (an independent implementation) in float64 on the
+same bf16-rounded activations, and a row's bits alone against the same row inside batches of every size."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rest_lsp.model import gguf_amx
+from rest_lsp.model.int4weight import Int4WeightLinear, fuse_weight_only
+
+pytestmark = pytest.mark.skipif(gguf_amx.kernel() is None, reason="no AMX here (or no compiler): torch's int4 product")
+
+
+def gguf_weights(raw: np.ndarray, k: int, kind: str = "Q4_K") -> torch.Tensor:
+    import gguf
+
+    return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(raw.shape[0], k))
+
+
+def reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str = "Q4_K") -> torch.Tensor:
+    return x.to(torch.bfloat16).double() @ gguf_weights(raw, k, kind).double().T
+
+
+def test_q6k_fields_decode_as_gguf_does():
+    from testmodels.tiny import random_q6k_blocks
+
+    raw = random_q6k_blocks(32, 512, np.random.default_rng(9))  # every bit pattern of values and scales
+    q, d, sc = gguf_amx.q6k_fields(raw, 512)
+    assert q.min() == 0 and q.max() == 63 and sc.dtype == np.int8 and sc.shape == (32, 32)
+    w = np.repeat(d, 16, axis=1)[:, :, None] * sc.astype(np.float32)[:, :, None] * (q.reshape(32, -1, 16) - 32.0)
+    assert np.array_equal(w.reshape(32, 512).astype(np.float32), gguf_weights(raw, 512, "Q6_K").numpy())
+
+
+@pytest.mark.parametrize("n,k", [(16, 256), (48, 768), (272, 1536)])
+def test_q6k_products_are_ggufs_weights_times_the_bf16_activations(n, k):
+    from testmodels.tiny import random_q6k_blocks
+
+    rng = np.random.default_rng(n + 1)
+    raw = random_q6k_blocks(n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
+    y = gguf_amx.matmul(x, gguf_amx.pack_q6k(raw, k))
+    ref = reference(x, raw, k, "Q6_K")
+    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    assert not torch.allclose(y.double(), reference(x, random_q6k_blocks(n, k, rng), k, "Q6_K"), atol=1e-2)
+
+
+def test_the_docstrings_worked_example():
+    raw = np.zeros((16, 144), np.uint8)
+    raw[:, 0:4] = np.array([0.5, 0.25], np.float16).view(np.uint8)  # d, dmin
+    raw[:, 4], raw[:, 8] = 1, 1  # group 0: sc 1, m 1 -> d*sc = 0.5, dmin*m = 0.25
+    raw[0, 16] = 0x01  # column 0: q = 1 at k = 0, the rest of group 0 zero
+    x = torch.zeros(1, 256)
+    x[0, 0], x[0, 1] = 2.0, 4.0
+    y = gguf_amx.matmul(x, gguf_amx.pack(raw, 256))
+    assert y[0, 0].item() == -0.5
+    assert torch.equal(y[0, 1:], torch.full((15,), -1.5))  # q = 0: only the mins, -0.25 * 6
+
+
+@pytest.mark.parametrize("n,k", [(16, 256), (48, 768), (272, 1536)])
+def test_products_are_ggufs_weights_times_the_bf16_activations(n, k):
+    from testmodels.tiny import random_q4k_blocks
+
+    rng = np.random.default_rng(n)
+    raw = random_q4k_blocks(n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
+    y = gguf_amx.matmul(x, gguf_amx.pack(raw, k))
+    ref = reference(x, raw, k)
+    # fp32 sums of exact products: a few fp32 roundings of the largest partial sums, no more
+    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    assert not torch.allclose(y.double(), reference(x, random_q4k_blocks(n, k, rng), k), atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_a_row_gets_the_same_bits_alone_and_in_every_batch(kind):
+    from testmodels.tiny import random_q4k_blocks, random_q6k_blocks
+
+    rng = np.random.default_rng(5)
+    blocks = gguf_amx.pack(random_q4k_blocks(64, 512, rng), 512) if kind == "Q4_K" else \
+        gguf_amx.pack_q6k(random_q6k_blocks(64, 512, rng), 512)
+    x = torch.from_numpy(rng.standard_normal((40, 512)).astype(np.float32)) * torch.logspace(-3, 3, 40)[:, None]
+    alone = torch.cat([gguf_amx.matmul(x[i:i + 1], blocks) for i in range(40)])
+    for m in range(2, 41):  # one tile of m rows up to 16, then tiles of 16 over zero-padded rows
+        assert torch.equal(gguf_amx.matmul(x[:m], blocks), alone[:m]), m
+
+
+def test_layers_fuse_column_block_by_column_block():
+    from testmodels.tiny import random_q4k_blocks
+
+    rng = np.random.default_rng(6)
+    layers = [Int4WeightLinear.from_q4k(random_q4k_blocks(n, 512, rng), 512,
+                                        torch.from_numpy(rng.standard_normal(n).astype(np.float32))) for n in (48, 16, 80)]
+    assert all(m.amx for m in layers)
+    fused = fuse_weight_only(*layers)
+    assert isinstance(fused, Int4WeightLinear) and fused.out_features == 144
+    x = torch.randn(9, 512)
+    assert torch.equal(fused(x), torch.cat([m(x) for m in layers], dim=1))
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="whole blocks of 16"):
+        gguf_amx.pack(np.zeros((8, 144), np.uint8), 256)
+    with pytest.raises(ValueError, match="width 512"):
+        gguf_amx.pack(np.zeros((16, 144), np.uint8), 512)
+    with pytest.raises(ValueError, match="Q6_K rows of width 512"):
+        gguf_amx.pack_q6k(np.zeros((16, 210), np.uint8), 512)
