@@ -39,7 +39,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
@@ -48,10 +48,17 @@ Q4K_BYTES = 144
 Q6K_BYTES = 210  # ql[128] (low four bits), qh[64] (top two), 16 int8 scales, d (fp16)
 
 
+Q5_0_BYTES, Q8_0_BYTES = 22, 34  # per 32 weights: d (fp16), qh[4] and qs[16]; d (fp16) and qs[32]
+
+
 class QBlocks(NamedTuple):
     codes: torch.Tensor  # [N/16, K/4, 32] uint8: two nibble planes = two rows of a B tile
     dd: torch.Tensor  # [N/16, K/256, 2, 16] fp32: d and dmin per super-block and column
     sm: torch.Tensor  # [N/16, K/32, 2, 16] uint8: sc and m per group and column
+
+    @property
+    def width(self) -> int:  # K
+        return self.codes.shape[1] * 4
 
     @staticmethod
     def cat(*parts: "QBlocks") -> "QBlocks":
@@ -64,9 +71,50 @@ class Q6Blocks(NamedTuple):
     dd: torch.Tensor  # [N/16, K/256, 16] fp32: d per super-block and column
     sc: torch.Tensor  # [N/16, K/16, 16] int8: a scale per 16 weights and column
 
+    @property
+    def width(self) -> int:
+        return self.lo.shape[1] * 4
+
     @staticmethod
     def cat(*parts: "Q6Blocks") -> "Q6Blocks":
         return Q6Blocks(*(torch.cat(t) for t in zip(*parts)))
+
+
+class Q32Blocks(NamedTuple):
+    """Q5_0 or Q8_0 (`kind`): 32 weights a scale."""
+    lo: torch.Tensor  # Q5_0: [N/16, K/4, 32] the low four bits as QBlocks.codes; Q8_0: [N/16, K/2, 32] int8 pairs (as uint8)
+    hi: torch.Tensor  # Q5_0: [N/16, K/16, 32] byte j of chunk h, bit v: the top bit of pair 8h + v; Q8_0: empty
+    dd: torch.Tensor  # [N/16, K/32, 16] fp32: d per group and column
+    kind: str
+
+    @property
+    def width(self) -> int:
+        return self.dd.shape[1] * 32
+
+    @staticmethod
+    def cat(*parts: "Q32Blocks") -> "Q32Blocks":
+        if len({p.kind for p in parts}) != 1:
+            raise ValueError("gguf_amx: Q5_0 and Q8_0 blocks do not share one product")
+        return Q32Blocks(*(torch.cat(t) for t in zip(*(p[:3] for p in parts))), parts[0].kind)
+
+
+def q32_fields(raw: np.ndarray, k: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """A Q5_0 or Q8_0 tensor's rows -> q [N, K] (Q5_0: 0..31, weight d*(q - 16); Q8_0: int8, weight d*q) and d
+    [N, K/32] fp32 (ggml's dequantize_row_q5_0: value j of a block has the low bits of qs[j % 16] (low nibble
+    for j < 16) and bit j of the little-endian qh)."""
+    size = Q5_0_BYTES if kind == "Q5_0" else Q8_0_BYTES
+    n = raw.shape[0]
+    if k % 32 or raw.shape[1] != k // 32 * size:
+        raise ValueError(f"{kind} rows of width {k} take {k // 32 * size} bytes, got {raw.shape[1]}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // 32, size)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    if kind == "Q8_0":
+        return blocks[..., 2:].copy().view(np.int8).reshape(n, k), d
+    qh = blocks[..., 2:6].copy().view("<u4")  # [N, B, 1]
+    qs = blocks[..., 6:22]
+    top = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [N, B, 32]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1) | (top << 4)
+    return q.reshape(n, k), d
 
 
 def q6k_fields(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,9 +198,27 @@ def pack_q6k(raw: np.ndarray, k: int) -> Q6Blocks:
                     _per_block(np.float32, d), _per_block(np.int8, sc))
 
 
-def matmul(x: torch.Tensor, blocks: QBlocks | Q6Blocks) -> torch.Tensor:
+def pack_q32(raw: np.ndarray, k: int, kind: str) -> Q32Blocks:
+    if raw.shape[0] % COLUMNS or k % 64:
+        raise ValueError(f"gguf_amx: {raw.shape[0]} x {k} is not whole blocks of {COLUMNS} columns and 64 inputs")
+    q, d = q32_fields(raw, k, kind)
+    nb = q.shape[0] // COLUMNS
+    dd = _per_block(np.float32, d)
+    if kind == "Q8_0":  # byte j of chunk p: column j // 2, k = 2p + j % 2
+        pairs = q.reshape(nb, COLUMNS, k // 2, 2).transpose(0, 2, 1, 3).reshape(nb, k // 2, 32)
+        return Q32Blocks(torch.from_numpy(np.ascontiguousarray(pairs).view(np.uint8)), torch.empty(0, dtype=torch.uint8),
+                         dd, kind)
+    top = (q >> 4).reshape(nb, COLUMNS, k // 16, 8, 2).transpose(0, 2, 1, 4, 3).reshape(nb, k // 16, 32, 8)
+    hi = (top << np.arange(8, dtype=np.uint8)).sum(axis=-1, dtype=np.uint8)
+    return Q32Blocks(torch.from_numpy(_pairs(q & 15)), torch.from_numpy(np.ascontiguousarray(hi)), dd, kind)
+
+
+def matmul(x: torch.Tensor, blocks: QBlocks | Q6Blocks | Q32Blocks) -> torch.Tensor:
     if isinstance(blocks, Q6Blocks):
         return kernel().q6k_amx_mm(x.contiguous(), *blocks)
+    if isinstance(blocks, Q32Blocks):
+        run = kernel().q8_0_amx_mm if blocks.kind == "Q8_0" else kernel().q5_0_amx_mm
+        return run(x.contiguous(), *blocks[:3])
     return kernel().q4k_amx_mm(x.contiguous(), *blocks)
 
 
@@ -168,7 +234,7 @@ def _cpu_has_amx() -> bool:
         flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
     except (OSError, IndexError):
         return False
-    return {"amx_tile", "amx_bf16", "avx512bw"} <= set(flags)
+    return {"amx_tile", "amx_bf16", "avx512bw", "avx512_bf16"} <= set(flags)
 
 
 @functools.cache

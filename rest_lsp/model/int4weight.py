@@ -1,9 +1,10 @@
 """Weight-only linear layers built from a GGUF's own Q4_K (and, on AMX, Q6_K) blocks: `precision: int4w` on a CPU.
 
     q4k_groups(raw [N, K/256*144] uint8, K) -> (q [N, K] uint8 0..15, scale [N, K/32] fp32, low [N, K/32] fp32)
-    Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear      (Q6KLinear.from_q6k: the same for Q6_K)
+    Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear
+    BlockLinear.from_gguf("Q6_K" | "Q5_0" | "Q8_0", raw, K, bias, wide) -> the same for those formats (AMX only)
     fuse_weight_only(*mods, wide=None) -> one module whose output is [m(x) for m in mods] concatenated
-    quantize_from_gguf(model, gguf_path) -> {"int4": n, "q6k": n, "int8": n}: the decoder's layers and head replaced
+    quantize_from_gguf(model, gguf_path) -> {"int4": n, "blocks": n, "int8": n}: the decoder's layers and head
     weight_int4_exact() -> bool: the kernel gives a row the same bits alone and in any batch (checked once)
 
 Why: a CPU decoding step costs about the bytes of weights it streams. The embedded GGUFs hold their weights as
@@ -44,7 +45,7 @@ import torch
 
 from .int8row import fused_bias, linear_slots
 from .int8weight import FLOAT_ROWS, Int8WeightLinear, fused_rows_invariant
-from .gguf_amx import Q6Blocks, QBlocks, q4k_fields
+from .gguf_amx import Q6Blocks, Q32Blocks, QBlocks, q4k_fields
 from . import gguf_amx
 
 log = logging.getLogger(__name__)
@@ -103,14 +104,16 @@ class Int4WeightLinear(torch.nn.Module):
     def __init__(self, blocks: tuple[torch.Tensor, ...], bias: torch.Tensor | None,
                  wide: torch.nn.Module | None = None):
         super().__init__()
-        self.amx = isinstance(blocks, (QBlocks, Q6Blocks))
+        self.amx = isinstance(blocks, (QBlocks, Q6Blocks, Q32Blocks))
         self._kind = type(blocks)
-        # the AMX layouts: [N/16, K/4, 32] first; torch's: packed [N, K/2], scale_zeros [K/32, N, 2]
+        self._format = getattr(blocks, "kind", None)  # Q5_0 or Q8_0 (Q32Blocks)
+        # the AMX layouts know their width; torch's: packed [N, K/2], scale_zeros [K/32, N, 2]
         self.out_features = blocks[0].shape[0] * gguf_amx.COLUMNS if self.amx else blocks[0].shape[0]
-        self.in_features = blocks[0].shape[1] * 4 if self.amx else blocks[1].shape[0] * GROUP
-        self._names = blocks._fields if self.amx else ("packed", "scale_zeros")
-        for name, t in zip(self._names, blocks):
-            self.register_buffer(name, t.contiguous())
+        self.in_features = blocks.width if self.amx else blocks[1].shape[0] * GROUP
+        fields = blocks._fields if self.amx else ("packed", "scale_zeros")
+        self._names = tuple(n for n, t in zip(fields, blocks) if isinstance(t, torch.Tensor))
+        for name in self._names:
+            self.register_buffer(name, getattr(blocks, name) if self.amx else blocks[fields.index(name)])
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.wide = wide  # the float layer for calls of more than MAX_ROWS rows (None: int4 for all)
 
@@ -121,7 +124,9 @@ class Int4WeightLinear(torch.nn.Module):
     @property
     def blocks(self) -> tuple[torch.Tensor, ...]:
         parts = tuple(getattr(self, n) for n in self._names)
-        return self._kind(*parts) if self.amx else parts
+        if not self.amx:
+            return parts
+        return self._kind(*parts, self._format) if self._format else self._kind(*parts)
 
     @classmethod
     def from_q4k(cls, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
@@ -134,7 +139,7 @@ class Int4WeightLinear(torch.nn.Module):
     def fuse(cls, *mods: "Int4WeightLinear", wide: torch.nn.Module | None = None) -> "Int4WeightLinear":
         """One product for layers over the same input: each output column is its own dot product, so the
         fused output is the parts' outputs concatenated (weight_int4_exact checks it)."""
-        if len({m.in_features for m in mods}) != 1 or len({m._kind for m in mods}) != 1:
+        if len({m.in_features for m in mods}) != 1 or len({(m._kind, m._format) for m in mods}) != 1:
             raise ValueError("Int4WeightLinear.fuse: layers must share their input size and kernel")
         if not mods[0].amx and any(m.out_features % N_BLOCK for m in mods[:-1]):
             raise ValueError(f"Int4WeightLinear.fuse: a layer before the last is not a whole number of {N_BLOCK} rows")
@@ -165,16 +170,18 @@ class Int4WeightLinear(torch.nn.Module):
                 f"kernel={'amx' if self.amx else 'torch'}")
 
 
-class Q6KLinear(Int4WeightLinear):
-    """A GGUF's Q6_K layer as its own blocks (weight = d*sc*(q - 32), 16 weights a scale), on the AMX kernel
-    (gguf_amx.py): 6.6 bits a weight where int8w reads 8, and a tree's rows for about one row's cost (the
-    1.5B's LM head, 151,936 x 1,536, is Q6_K: at int8w 15 ms for one row and 79 ms for 16 on a 2-core Xeon with
-    AMX). Where the AMX kernel is missing such a layer is int8w, as before."""
+class BlockLinear(Int4WeightLinear):
+    """A GGUF layer stored as Q6_K (weight = d*sc*(q - 32), 16 weights a scale), Q5_0 (d*(q - 16), 32 a scale)
+    or Q8_0 (d*q) as its own blocks on the AMX kernel (gguf_amx.py): 6.6, 5.5 and 8.5 bits a weight, and a
+    tree's rows for about one row's cost (the 1.5B's LM head, 151,936 x 1,536, is Q6_K: at int8w 15 ms for one
+    row and 79 ms for 16 on a 2-core Xeon with AMX, here 9 and 22). Where the AMX kernel is missing such a layer
+    is int8w."""
 
     @classmethod
-    def from_q6k(cls, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
-                 wide: torch.nn.Module | None = None) -> "Q6KLinear":
-        return cls(gguf_amx.pack_q6k(raw, k), bias, wide)
+    def from_gguf(cls, kind: str, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
+                  wide: torch.nn.Module | None = None) -> "BlockLinear":
+        blocks = gguf_amx.pack_q6k(raw, k) if kind == "Q6_K" else gguf_amx.pack_q32(raw, k, kind)
+        return cls(blocks, bias, wide)
 
 
 class Parts(torch.nn.Module):
@@ -198,13 +205,13 @@ class Parts(torch.nn.Module):
         return torch.cat([p(x2) for p in self.parts], dim=-1).reshape(*lead, self.out_features)
 
 
-WEIGHT_ONLY = (Int4WeightLinear, Int8WeightLinear, Parts)  # Q6KLinear is an Int4WeightLinear
+WEIGHT_ONLY = (Int4WeightLinear, Int8WeightLinear, Parts)  # BlockLinear is an Int4WeightLinear
 
 
 def fuse_weight_only(*mods, wide: torch.nn.Module | None = None) -> torch.nn.Module:
     """The layers' products as one module: one fused product where they are of one kind, else Parts."""
     kinds = {type(m) for m in mods}
-    if len(kinds) == 1 and kinds <= {Int4WeightLinear, Q6KLinear, Int8WeightLinear}:
+    if len(kinds) == 1 and kinds <= {Int4WeightLinear, BlockLinear, Int8WeightLinear}:
         try:
             return kinds.pop().fuse(*mods, wide=wide)
         except ValueError:  # int4 layers whose packing does not concatenate
@@ -271,22 +278,27 @@ def _q4k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> I
     return Int4WeightLinear(blocks, linear.bias, wide)
 
 
-def _q6k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> Q6KLinear | None:
-    """A Q6KLinear from a Q6_K tensor that decodes to exactly `linear`'s weight, where the AMX kernel runs;
-    None otherwise (the layer becomes int8w)."""
-    from gguf import GGMLQuantizationType
-
+def _block_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> BlockLinear | None:
+    """A BlockLinear from a Q6_K, Q5_0 or Q8_0 tensor that decodes to exactly `linear`'s weight, where the AMX
+    kernel runs; None otherwise (the layer becomes int8w)."""
+    kind = getattr(tensor.tensor_type, "name", "")
+    size = {"Q6_K": (SUPER, gguf_amx.Q6K_BYTES), "Q5_0": (32, gguf_amx.Q5_0_BYTES), "Q8_0": (32, gguf_amx.Q8_0_BYTES)}
     n, k = linear.weight.shape
-    if gguf_amx.kernel() is None or tensor.tensor_type != GGMLQuantizationType.Q6_K \
-            or tuple(tensor.data.shape) != (n, k // SUPER * gguf_amx.Q6K_BYTES) or n % gguf_amx.COLUMNS:
+    if gguf_amx.kernel() is None or kind not in size or n % gguf_amx.COLUMNS or k % 64 or k % size[kind][0] \
+            or tuple(tensor.data.shape) != (n, k // size[kind][0] * size[kind][1]):
         return None
     raw = np.asarray(tensor.data)
-    q, d, sc = gguf_amx.q6k_fields(raw, k)
-    scale = np.repeat(d, SUPER // 16, axis=1) * sc.astype(np.float32)  # d*sc: exact in fp32, as ggml's
-    w = torch.from_numpy((scale[:, :, None] * (q.reshape(n, -1, 16).astype(np.float32) - 32)).reshape(n, k))
-    if not torch.equal(w, linear.weight.detach().float()):
+    if kind == "Q6_K":
+        q, d, sc = gguf_amx.q6k_fields(raw, k)
+        scale, offset, group = np.repeat(d, SUPER // 16, axis=1) * sc.astype(np.float32), 32, 16
+    else:
+        q, scale = gguf_amx.q32_fields(raw, k, kind)
+        offset, group = (16 if kind == "Q5_0" else 0), 32
+    # d*sc*(q - 32), d*(q - 16), d*q: exact in fp32, as ggml's
+    w = scale[:, :, None] * (q.reshape(n, -1, group).astype(np.float32) - offset)
+    if not torch.equal(torch.from_numpy(w.reshape(n, k)), linear.weight.detach().float()):
         return None
-    return Q6KLinear.from_q6k(raw, k, linear.bias, wide)
+    return BlockLinear.from_gguf(kind, raw, k, linear.bias, wide)
 
 
 @torch.no_grad()
@@ -305,21 +317,22 @@ def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = t
     tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
     names = {id(mod): name for name, mod in model.named_modules()}
     head = model.get_output_embeddings()
-    counts = {"int4": 0, "q6k": 0, "int8": 0}
+    counts = {"int4": 0, "blocks": 0, "int8": 0}
     for parent, attr in list(linear_slots(model, head=True)):
         linear = getattr(parent, attr)
         layer = None
         for tname in gguf_name(names.get(id(linear), ""), linear is head):
             if tname in tensors:
-                layer = _q4k_layer(tensors[tname], linear, linear) or _q6k_layer(tensors[tname], linear, linear)
+                layer = _q4k_layer(tensors[tname], linear, linear) or _block_layer(tensors[tname], linear, linear)
                 break
         if layer is None:
             layer = Int8WeightLinear.from_linear(linear)
         layer.wide.to(wide_dtype)
-        counts["q6k" if isinstance(layer, Q6KLinear) else "int4" if isinstance(layer, Int4WeightLinear) else "int8"] += 1
+        kind = "blocks" if isinstance(layer, BlockLinear) else "int4" if isinstance(layer, Int4WeightLinear) else "int8"
+        counts[kind] += 1
         setattr(parent, attr, layer)
-    log.info("int4w: %d layers from Q4_K blocks, %d from Q6_K blocks, %d as int8w", counts["int4"], counts["q6k"],
-             counts["int8"])
+    log.info("int4w: %d layers from Q4_K blocks, %d from other blocks (Q6_K, Q5_0, Q8_0), %d as int8w",
+             counts["int4"], counts["blocks"], counts["int8"])
     if counts["int4"] == 0:
         raise ValueError(f"int4w: {Path(gguf).name} holds no Q4_K layer that decodes to this model's weights")
     return counts

@@ -95,9 +95,14 @@ INT8W_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": -0.8,  # 89 vs 91 of 240 boltons lines (2026-12-02, AVX-512 Xeon)
 }
 # the same for the GGUF's own 4-bit blocks (int4w), against fp32 on the same cases. The 0.5B's GGUF holds 12 of
-# its 169 projections as Q4_K (the rest Q5_0, Q6_K, Q8_0: int8w there), so int4w is the 1.5B's
+# its 169 projections as Q4_K (the rest Q5_0, Q6_K, Q8_0: int8w there), so int4w is the 1.5B's ...
 INT4W_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-1.5B-Instruct": +1.2,  # 116 vs 113 of 240 boltons lines (2026-12-03, 2-core Zen 5 EPYC)
+}
+# ... except where the AMX kernel runs (int4weight.kernel_name() "amx-..."): there every layer of both models is
+# its GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), so int4w is a candidate for the 0.5B too
+INT4W_AMX_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-0.5B-Instruct": +0.8,  # 93 vs 91 of 240 boltons lines (2026-12-03, 2-core Xeon with AMX)
 }
 
 
@@ -181,9 +186,11 @@ def int8w_candidate(model_name: str) -> bool:
 def int4w_candidate(model_name: str) -> bool:
     """int4w may be chosen for this model: its measured quality loss against fp32 is within INT8_MAX_LOSS, and
     the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
-    from .int4weight import weight_int4_exact
+    from .int4weight import kernel_name, weight_int4_exact
 
     loss = INT4W_QUALITY.get(model_name)
+    if loss is None and model_name in INT4W_AMX_QUALITY and kernel_name().startswith("amx"):
+        loss = INT4W_AMX_QUALITY[model_name]
     return loss is not None and loss >= -INT8_MAX_LOSS and weight_int4_exact()
 
 

@@ -25,6 +25,49 @@ def reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str = "Q4_K") -> t
     return x.to(torch.bfloat16).double() @ gguf_weights(raw, k, kind).double().T
 
 
+def random_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
+    from testmodels.tiny import random_q4k_blocks, random_q6k_blocks
+
+    if kind == "Q4_K":
+        return random_q4k_blocks(n, k, rng)
+    if kind == "Q6_K":
+        return random_q6k_blocks(n, k, rng)
+    size = {"Q5_0": 22, "Q8_0": 34}[kind]  # every bit pattern of the values, d set to a small scale
+    raw = rng.integers(0, 256, (n, k // 32 * size), dtype=np.uint8)
+    raw.reshape(n, -1, size)[..., 0:2] = np.array([0.004], np.float16).view(np.uint8)
+    return raw
+
+
+def pack(kind: str, raw: np.ndarray, k: int):
+    return {"Q4_K": lambda: gguf_amx.pack(raw, k), "Q6_K": lambda: gguf_amx.pack_q6k(raw, k)}.get(
+        kind, lambda: gguf_amx.pack_q32(raw, k, kind))()
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q8_0"])
+def test_q32_fields_decode_as_gguf_does(kind):
+    raw = random_blocks(kind, 32, 512, np.random.default_rng(8))
+    q, d = gguf_amx.q32_fields(raw, 512, kind)
+    assert (q.min(), q.max()) == ((0, 31) if kind == "Q5_0" else (-128, 127))
+    w = np.repeat(d, 32, axis=1) * (q.astype(np.float32) - (16 if kind == "Q5_0" else 0))
+    assert np.array_equal(w, gguf_weights(raw, 512, kind).numpy())
+
+
+SHAPES = [(16, 256), (48, 768), (272, 1536)]  # K-quants take whole super-blocks of 256; Q5_0, Q8_0 also 896
+
+
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K") for n, k in SHAPES]
+                         + [(kind, n, k) for kind in ("Q5_0", "Q8_0") for n, k in SHAPES + [(32, 896)]])
+def test_every_formats_products_are_ggufs_weights_times_the_bf16_activations(kind, n, k):
+    rng = np.random.default_rng(n + k)
+    raw = random_blocks(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
+    y = gguf_amx.matmul(x, pack(kind, raw, k))
+    ref = reference(x, raw, k, kind)
+    # fp32 sums of exact products (128 + q, 144 or 160 taken off again): a few fp32 roundings, no more
+    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    assert not torch.allclose(y.double(), reference(x, random_blocks(kind, n, k, rng), k, kind), atol=1e-2)
+
+
 def test_q6k_fields_decode_as_gguf_does():
     from testmodels.tiny import random_q6k_blocks
 
@@ -33,19 +76,6 @@ def test_q6k_fields_decode_as_gguf_does():
     assert q.min() == 0 and q.max() == 63 and sc.dtype == np.int8 and sc.shape == (32, 32)
     w = np.repeat(d, 16, axis=1)[:, :, None] * sc.astype(np.float32)[:, :, None] * (q.reshape(32, -1, 16) - 32.0)
     assert np.array_equal(w.reshape(32, 512).astype(np.float32), gguf_weights(raw, 512, "Q6_K").numpy())
-
-
-@pytest.mark.parametrize("n,k", [(16, 256), (48, 768), (272, 1536)])
-def test_q6k_products_are_ggufs_weights_times_the_bf16_activations(n, k):
-    from testmodels.tiny import random_q6k_blocks
-
-    rng = np.random.default_rng(n + 1)
-    raw = random_q6k_blocks(n, k, rng)
-    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
-    y = gguf_amx.matmul(x, gguf_amx.pack_q6k(raw, k))
-    ref = reference(x, raw, k, "Q6_K")
-    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
-    assert not torch.allclose(y.double(), reference(x, random_q6k_blocks(n, k, rng), k, "Q6_K"), atol=1e-2)
 
 
 def test_the_docstrings_worked_example():
@@ -60,27 +90,10 @@ def test_the_docstrings_worked_example():
     assert torch.equal(y[0, 1:], torch.full((15,), -1.5))  # q = 0: only the mins, -0.25 * 6
 
 
-@pytest.mark.parametrize("n,k", [(16, 256), (48, 768), (272, 1536)])
-def test_products_are_ggufs_weights_times_the_bf16_activations(n, k):
-    from testmodels.tiny import random_q4k_blocks
-
-    rng = np.random.default_rng(n)
-    raw = random_q4k_blocks(n, k, rng)
-    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
-    y = gguf_amx.matmul(x, gguf_amx.pack(raw, k))
-    ref = reference(x, raw, k)
-    # fp32 sums of exact products: a few fp32 roundings of the largest partial sums, no more
-    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
-    assert not torch.allclose(y.double(), reference(x, random_q4k_blocks(n, k, rng), k), atol=1e-2)
-
-
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
 def test_a_row_gets_the_same_bits_alone_and_in_every_batch(kind):
-    from testmodels.tiny import random_q4k_blocks, random_q6k_blocks
-
     rng = np.random.default_rng(5)
-    blocks = gguf_amx.pack(random_q4k_blocks(64, 512, rng), 512) if kind == "Q4_K" else \
-        gguf_amx.pack_q6k(random_q6k_blocks(64, 512, rng), 512)
+    blocks = pack(kind, random_blocks(kind, 64, 512, rng), 512)
     x = torch.from_numpy(rng.standard_normal((40, 512)).astype(np.float32)) * torch.logspace(-3, 3, 40)[:, None]
     alone = torch.cat([gguf_amx.matmul(x[i:i + 1], blocks) for i in range(40)])
     for m in range(2, 41):  # one tile of m rows up to 16, then tiles of 16 over zero-padded rows

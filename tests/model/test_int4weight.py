@@ -14,7 +14,7 @@ import torch
 from rest_lsp.model.int4weight import (Int4WeightLinear, Parts, dequantize, fuse_weight_only, pack, q4k_groups,
                                        quantize_from_gguf, weight_int4_exact)
 from rest_lsp.model import gguf_amx
-from rest_lsp.model.int4weight import Q6KLinear
+from rest_lsp.model.int4weight import BlockLinear
 from rest_lsp.model.int8weight import Int8WeightLinear
 
 needs_kernel = pytest.mark.skipif(not weight_int4_exact(), reason="int4w is refused where its kernel is missing or "
@@ -112,13 +112,13 @@ def test_q4k_layers_become_int4_and_the_others_int8(q4k_model):
     lm = load_model(str(model_dir), device="cpu", precision="fp32")
     layers = lm.model.model.layers
     counts = quantize_from_gguf(lm.model, gguf_file)
-    # 2 x 7 projections + the head: two stored as Q8_0, one as Q6_K (its own blocks where the AMX kernel runs)
+    # 2 x 7 projections + the head: two stored as Q8_0, one as Q6_K (their own blocks where the AMX kernel runs)
     amx = gguf_amx.kernel() is not None
-    assert counts == {"int4": 12, "q6k": int(amx), "int8": 3 - int(amx)}
+    assert counts == {"int4": 12, "blocks": 3 if amx else 0, "int8": 0 if amx else 3}
     assert type(layers[0].self_attn.q_proj) is Int4WeightLinear
-    assert isinstance(layers[1].self_attn.v_proj, Int8WeightLinear)
-    assert isinstance(layers[0].mlp.down_proj, Int8WeightLinear)
-    assert isinstance(layers[1].mlp.down_proj, Q6KLinear if amx else Int8WeightLinear)
+    for q8_0 in (layers[1].self_attn.v_proj, layers[0].mlp.down_proj):
+        assert isinstance(q8_0, BlockLinear if amx else Int8WeightLinear)
+    assert isinstance(layers[1].mlp.down_proj, BlockLinear if amx else Int8WeightLinear)
     assert type(lm.model.lm_head) is Int4WeightLinear
 
 
@@ -133,6 +133,11 @@ def test_blocks_that_do_not_decode_to_the_weight_are_not_used(q4k_model):
     quantize_from_gguf(lm.model, gguf_file)
     assert isinstance(lm.model.model.layers[0].self_attn.q_proj, Int8WeightLinear)
     assert isinstance(lm.model.model.layers[0].self_attn.k_proj, Int4WeightLinear)
+    lm = load_model(str(model_dir), device="cpu", precision="fp32")
+    with torch.no_grad():
+        lm.model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3  # the Q6_K layer
+    quantize_from_gguf(lm.model, gguf_file)
+    assert type(lm.model.model.layers[1].mlp.down_proj) is Int8WeightLinear
 
 
 def test_int4w_needs_a_gguf(q4k_model):

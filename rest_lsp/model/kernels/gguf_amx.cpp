@@ -229,8 +229,105 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   return out;
 }
 
+// Q5_0 and Q8_0: 32 weights a scale, weight = d*(q - 16) (Q5_0, q 0..31) or d*q (Q8_0, q -128..127); dd
+// [NB, K/32, 16] fp32. Q5_0: lo [NB, K/4, 32] (the low four bits, laid out as Q4_K's codes), hi [NB, K/16, 32]
+// (byte j of chunk h, bit v: the top bit of pair 8h + v, lane j); 128 + q by one OR, 144 taken off through the
+// sums. Q8_0: lo [NB, K/2, 32] int8 (byte j of chunk p: lane j of pair p), converted to bf16 exactly.
+template <bool Q8>
+torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, torch::Tensor dd) {
+  TORCH_CHECK(tiles_permitted(), "q32_amx_mm: the kernel refused AMX tile state");
+  TORCH_CHECK(x.dim() == 2 && lo.dim() == 3 && lo.size(2) == 32, "q32_amx_mm: shapes");
+  TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous(), "q32_amx_mm: contiguous weights");
+  const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 32;
+  TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
+  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  const Activations act = prepare(x, Mp, 32);
+  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
+  const std::vector<float>& xsum = act.sums;
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  if (M == 0) return out;
+  float* op = out.data_ptr<float>();
+  const uint8_t* lp = lo.data_ptr<uint8_t>();
+  const uint8_t* hp = Q8 ? nullptr : hi.data_ptr<uint8_t>();
+  const float* dp = dd.data_ptr<float>();
+  const __m512i low4 = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1), bias128 = _mm512_set1_epi16(BF16_128);
+  const __m512 c144 = _mm512_set1_ps(144.f);
+  const int64_t chunk_bytes = Q8 ? 16 * 32 : 8 * 32;  // a group's codes: 16 pairs of bytes, or 8 chunks of nibbles
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    TileConfig cfg;
+    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }
+    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }
+    for (int t : {2, 5}) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+    std::vector<float> tot(Mp * 16);
+    alignas(64) uint16_t wbuf[8][16 * 32];
+    alignas(64) float cbuf[8][16 * 16];
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      std::fill(tot.begin(), tot.end(), 0.f);
+      for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const int ng = int(std::min<int64_t>(8, G - g0));
+        for (int gi = 0; gi < ng; ++gi) {
+          const uint8_t* ls = lp + nb * (Q8 ? K / 2 : K / 4) * 32 + (g0 + gi) * chunk_bytes;
+          for (int64_t l = 0; l < chunk_bytes; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(ls + PREFETCH + l), _MM_HINT_T0);
+          if (Q8) {
+            for (int p = 0; p < 16; ++p) {
+              const __m128i* b = reinterpret_cast<const __m128i*>(ls + 32 * p);
+              const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b)));
+              const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b + 1)));
+              _mm512_store_si512(&wbuf[gi][32 * p], (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+            }
+          } else {
+            const uint8_t* hs = hp + (nb * (K / 16) + (g0 + gi) * 2) * 32;
+            _mm_prefetch(reinterpret_cast<const char*>(hs + PREFETCH / 4), _MM_HINT_T0);
+            for (int hh = 0; hh < 2; ++hh) {
+              const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * hh)));
+              for (int cc = 0; cc < 4; ++cc) {
+                const int c = 4 * hh + cc;
+                const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 32 * c)));
+                const __m512i t0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc), one), 4);
+                const __m512i t1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc + 1), one), 4);
+                _mm512_store_si512(&wbuf[gi][64 * c],
+                                   _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(w, low4), t0), bias128));
+                _mm512_store_si512(&wbuf[gi][64 * c + 32],
+                                   _mm512_or_si512(_mm512_or_si512(_mm512_srli_epi16(w, 4), t1), bias128));
+              }
+            }
+          }
+        }
+        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+          const uint16_t* xa = xbp + m0 * K + g0 * 32;
+          for (int gi = 0; gi < ng; gi += 2) {
+            _tile_zero(0); _tile_loadd(1, xa + gi * 32, K * 2); _tile_loadd(2, wbuf[gi], 64);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_zero(3); _tile_loadd(4, xa + gi * 32 + 32, K * 2); _tile_loadd(5, wbuf[gi + 1], 64);
+            _tile_dpbf16ps(3, 4, 5);
+            _tile_stored(0, cbuf[gi], 64);
+            _tile_stored(3, cbuf[gi + 1], 64);
+          }
+          const int64_t rows = std::min<int64_t>(TR, M - m0);
+          for (int gi = 0; gi < ng; ++gi) {
+            const __m512 S = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* t = tot.data() + (m0 + r) * 16;
+              __m512 dot = _mm512_load_ps(cbuf[gi] + 16 * r);
+              if (!Q8) dot = _mm512_fnmadd_ps(c144, _mm512_set1_ps(xsum[(m0 + r) * G + g0 + gi]), dot);  // q - 16
+              _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+            }
+          }
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
+    }
+    _tile_release();
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4k_amx_mm", &q4k_amx_mm, "x [M, K] float, codes, dd, sm -> [M, N] fp32");
   m.def("q6k_amx_mm", &q6k_amx_mm, "x [M, K] float, lo, hi, dd, sc -> [M, N] fp32");
+  m.def("q5_0_amx_mm", &q32_amx_mm<false>, "x [M, K] float, lo, hi, dd -> [M, N] fp32");
+  m.def("q8_0_amx_mm", &q32_amx_mm<true>, "x [M, K] float, codes, (empty), dd -> [M, N] fp32");
   m.def("q4k_amx_ready", &q4k_amx_ready, "whether the OS grants AMX tile state");
 }
