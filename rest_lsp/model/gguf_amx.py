@@ -1,9 +1,11 @@
-"""A GGUF's Q4_K and Q6_K blocks multiplied on AMX tiles: int4w's products where the CPU has AMX, one compiled
+"""A GGUF's Q4_K, Q6_K, Q5_0 and Q8_0 blocks multiplied on AMX tiles: int4w's products where the CPU has AMX, one compiled
 source (kernels/gguf_amx.cpp) whose cost hardly grows with the rows.
 
     kernel() -> the compiled module, or None where the CPU, the compiler or the OS refuses (logged once)
     pack(raw [N, K/256*144] uint8, k) -> QBlocks(codes, dd, sm): the kernel's layout of a Q4_K tensor
     pack_q6k(raw [N, K/256*210] uint8, k) -> Q6Blocks(lo, hi, dd, sc): the same for Q6_K
+    pack_q32(raw, k, "Q5_0" | "Q8_0") -> Q32Blocks(lo, hi, dd, kind): the same for Q5_0 and Q8_0
+    (pack_*_fields: the same from the decoded fields, for a caller that checked them already)
     QBlocks.cat(*parts), Q6Blocks.cat(*parts) -> the layers side by side (one product for gate and up)
     matmul(x [M, K] float, blocks) -> [M, N] fp32
 
@@ -43,11 +45,7 @@ FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
-
-
 Q6K_BYTES = 210  # ql[128] (low four bits), qh[64] (top two), 16 int8 scales, d (fp16)
-
-
 Q5_0_BYTES, Q8_0_BYTES = 22, 34  # per 32 weights: d (fp16), qh[4] and qs[16]; d (fp16) and qs[32]
 
 
@@ -161,8 +159,6 @@ def _pairs(q: np.ndarray) -> np.ndarray:
     """q [N, K] (values below 16) -> [N/16, K/4, 32] uint8: byte j of chunk c holds column j // 2's k = 4c + j % 2
     (low nibble) and k = 4c + 2 + j % 2 (high nibble): two rows of a B tile."""
     n, k = q.shape
-    if n % COLUMNS:
-        raise ValueError(f"gguf_amx: {n} output rows are not whole blocks of {COLUMNS}")
     qq = q.reshape(n // COLUMNS, COLUMNS, k // 4, 2, 2)  # [block, column, chunk, plane, k % 2]
     lo = qq[:, :, :, 0, :].transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // 4, 32)
     hi = qq[:, :, :, 1, :].transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // 4, 32)
@@ -177,19 +173,31 @@ def _per_block(dtype, *fields: np.ndarray) -> torch.Tensor:
     return out[:, :, 0].contiguous() if len(fields) == 1 else out
 
 
+def _whole_blocks(n: int) -> None:
+    if n % COLUMNS:
+        raise ValueError(f"gguf_amx: {n} output rows are not whole blocks of {COLUMNS}")
+
+
 def pack(raw: np.ndarray, k: int) -> QBlocks:
     """A Q4_K tensor -> the kernel's layout (the worked example above)."""
-    if raw.shape[0] % COLUMNS:
-        raise ValueError(f"gguf_amx: {raw.shape[0]} output rows are not whole blocks of {COLUMNS}")
-    q, d, dmin, sc, m = q4k_fields(raw, k)
+    _whole_blocks(raw.shape[0])
+    return pack_q4k_fields(*q4k_fields(raw, k))
+
+
+def pack_q4k_fields(q, d, dmin, sc, m) -> QBlocks:
+    """q4k_fields' parts -> the kernel's layout (for a caller that has decoded them already)."""
+    _whole_blocks(q.shape[0])
     return QBlocks(torch.from_numpy(_pairs(q)), _per_block(np.float32, d, dmin), _per_block(np.uint8, sc, m))
 
 
 def pack_q6k(raw: np.ndarray, k: int) -> Q6Blocks:
-    if raw.shape[0] % COLUMNS:
-        raise ValueError(f"gguf_amx: {raw.shape[0]} output rows are not whole blocks of {COLUMNS}")
-    q, d, sc = q6k_fields(raw, k)
-    n = q.shape[0]
+    _whole_blocks(raw.shape[0])
+    return pack_q6k_fields(*q6k_fields(raw, k))
+
+
+def pack_q6k_fields(q: np.ndarray, d: np.ndarray, sc: np.ndarray) -> Q6Blocks:
+    n, k = q.shape
+    _whole_blocks(n)
     # the top two bits: pair p = 4h + v of column c sits in lane 2c + (k % 2) of byte plane h at bits 2v
     top = (q >> 4).reshape(n // COLUMNS, COLUMNS, k // 8, 4, 2)  # [block, column, h, v, k % 2]
     top = top.transpose(0, 2, 1, 4, 3).reshape(n // COLUMNS, k // 8, 32, 4)
@@ -201,8 +209,14 @@ def pack_q6k(raw: np.ndarray, k: int) -> Q6Blocks:
 def pack_q32(raw: np.ndarray, k: int, kind: str) -> Q32Blocks:
     if raw.shape[0] % COLUMNS or k % 64:
         raise ValueError(f"gguf_amx: {raw.shape[0]} x {k} is not whole blocks of {COLUMNS} columns and 64 inputs")
-    q, d = q32_fields(raw, k, kind)
-    nb = q.shape[0] // COLUMNS
+    return pack_q32_fields(*q32_fields(raw, k, kind), kind)
+
+
+def pack_q32_fields(q: np.ndarray, d: np.ndarray, kind: str) -> Q32Blocks:
+    n, k = q.shape
+    if n % COLUMNS or k % 64:
+        raise ValueError(f"gguf_amx: {n} x {k} is not whole blocks of {COLUMNS} columns and 64 inputs")
+    nb = n // COLUMNS
     dd = _per_block(np.float32, d)
     if kind == "Q8_0":  # byte j of chunk p: column j // 2, k = 2p + j % 2
         pairs = q.reshape(nb, COLUMNS, k // 2, 2).transpose(0, 2, 1, 3).reshape(nb, k // 2, 32)

@@ -2,7 +2,7 @@
 
     q4k_groups(raw [N, K/256*144] uint8, K) -> (q [N, K] uint8 0..15, scale [N, K/32] fp32, low [N, K/32] fp32)
     Int4WeightLinear.from_q4k(raw, K, bias, wide) -> Int4WeightLinear
-    BlockLinear.from_gguf("Q6_K" | "Q5_0" | "Q8_0", raw, K, bias, wide) -> the same for those formats (AMX only)
+    BlockLinear(gguf_amx.pack_q6k(raw, K) or .pack_q32(raw, K, kind), bias, wide) -> Q6_K, Q5_0, Q8_0 (AMX only)
     fuse_weight_only(*mods, wide=None) -> one module whose output is [m(x) for m in mods] concatenated
     quantize_from_gguf(model, gguf_path) -> {"int4": n, "blocks": n, "int8": n}: the decoder's layers and head
     weight_int4_exact() -> bool: the kernel gives a row the same bits alone and in any batch (checked once)
@@ -66,7 +66,11 @@ def q4k_groups(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     Worked example, one super-block: bytes 0-1 d = 0.5, 2-3 dmin = 0.25, scale byte 0 = 3 (group 0's sc, top
     bits 0), scale byte 4 = 2 (its m), value byte 0 = 0x7A -> weight 0 = 0.5*3*0xA - 0.25*2 = 14.5 and weight 32
     (group 1, the high nibble) = d*sc_1*7 - dmin*m_1."""
-    q, d, dmin, sc, m = q4k_fields(raw, k)
+    return _groups(*q4k_fields(raw, k))
+
+
+def _groups(q: np.ndarray, d: np.ndarray, dmin: np.ndarray, sc: np.ndarray, m: np.ndarray):
+    """q4k_fields' parts -> q4k_groups' (q, scale, low)."""
     n = q.shape[0]
     scale = d[..., None] * sc.reshape(n, d.shape[1], -1).astype(np.float32)
     low = dmin[..., None] * m.reshape(n, d.shape[1], -1).astype(np.float32)
@@ -177,12 +181,6 @@ class BlockLinear(Int4WeightLinear):
     row and 79 ms for 16 on a 2-core Xeon with AMX, here 9 and 22). Where the AMX kernel is missing such a layer
     is int8w."""
 
-    @classmethod
-    def from_gguf(cls, kind: str, raw: np.ndarray, k: int, bias: torch.Tensor | None = None,
-                  wide: torch.nn.Module | None = None) -> "BlockLinear":
-        blocks = gguf_amx.pack_q6k(raw, k) if kind == "Q6_K" else gguf_amx.pack_q32(raw, k, kind)
-        return cls(blocks, bias, wide)
-
 
 class Parts(torch.nn.Module):
     """Weight-only layers of different kinds over one input (a Q4_K q/k with a Q6_K v): each runs its own
@@ -271,10 +269,11 @@ def _q4k_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) -> I
     if tensor.tensor_type != GGMLQuantizationType.Q4_K or tuple(tensor.data.shape) != (n, k // SUPER * Q4K_BYTES) \
             or n % N_MULTIPLE:
         return None
-    groups = q4k_groups(np.asarray(tensor.data), k)
+    fields = q4k_fields(np.asarray(tensor.data), k)  # decoded once: checked, then packed
+    groups = _groups(*fields)
     if not torch.equal(dequantize(*groups), linear.weight.detach().float()):
         return None
-    blocks = gguf_amx.pack(np.asarray(tensor.data), k) if gguf_amx.kernel() is not None else pack(*groups)
+    blocks = gguf_amx.pack_q4k_fields(*fields) if gguf_amx.kernel() is not None else pack(*groups)
     return Int4WeightLinear(blocks, linear.bias, wide)
 
 
@@ -289,16 +288,17 @@ def _block_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) ->
         return None
     raw = np.asarray(tensor.data)
     if kind == "Q6_K":
-        q, d, sc = gguf_amx.q6k_fields(raw, k)
+        q, d, sc = fields = gguf_amx.q6k_fields(raw, k)
         scale, offset, group = np.repeat(d, SUPER // 16, axis=1) * sc.astype(np.float32), 32, 16
     else:
-        q, scale = gguf_amx.q32_fields(raw, k, kind)
+        q, scale = fields = gguf_amx.q32_fields(raw, k, kind)
         offset, group = (16 if kind == "Q5_0" else 0), 32
     # d*sc*(q - 32), d*(q - 16), d*q: exact in fp32, as ggml's
     w = scale[:, :, None] * (q.reshape(n, -1, group).astype(np.float32) - offset)
     if not torch.equal(torch.from_numpy(w.reshape(n, k)), linear.weight.detach().float()):
         return None
-    return BlockLinear.from_gguf(kind, raw, k, linear.bias, wide)
+    blocks = gguf_amx.pack_q6k_fields(*fields) if kind == "Q6_K" else gguf_amx.pack_q32_fields(*fields, kind)
+    return BlockLinear(blocks, linear.bias, wide)
 
 
 @torch.no_grad()

@@ -63,6 +63,45 @@ Activations prepare(const torch::Tensor& x, int64_t rows_padded, int group) {
   return a;
 }
 
+// rows per tile: all of them up to 16, else 16 with the activations padded by zero rows
+inline int64_t tile_rows(int64_t M) { return M <= 16 ? std::max<int64_t>(M, 1) : 16; }
+
+// cbuf[gi] = the tile's activation rows (from x, a row every K inputs; `group` inputs for group gi) times B tile
+// gi (group / 2 pairs of k x 16 columns at b + gi * group * 16), for gi < ng (even): two tile sets in turn,
+// tiles 0-2 and 3-5 (C, A, B), so one pair's loads overlap the other's product
+inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256]) {
+  for (int gi = 0; gi < ng; gi += 2) {
+    _tile_zero(0); _tile_loadd(1, x + gi * group, K * 2); _tile_loadd(2, b + gi * group * 16, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_zero(3); _tile_loadd(4, x + (gi + 1) * group, K * 2); _tile_loadd(5, b + (gi + 1) * group * 16, 64);
+    _tile_dpbf16ps(3, 4, 5);
+    _tile_stored(0, cbuf[gi], 64);
+    _tile_stored(3, cbuf[gi + 1], 64);
+  }
+}
+
+// body(nb, tot) for every block of 16 output columns, on at::parallel_for's threads with the tiles configured
+// for `rows` rows and `group` inputs a product; tot (rows_padded x 16 fp32) starts at zero for each block and
+// its first M rows are the block's output columns
+template <class Body>
+void column_blocks(int64_t NB, int64_t M, int64_t rows_padded, int64_t rows, int group, float* out, Body body) {
+  const int64_t N = NB * 16;
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    TileConfig cfg;
+    for (int t : {0, 3}) { cfg.rows[t] = rows; cfg.colsb[t] = 64; }         // C: rows x 16 fp32
+    for (int t : {1, 4}) { cfg.rows[t] = rows; cfg.colsb[t] = 2 * group; }  // A: rows x group bf16
+    for (int t : {2, 5}) { cfg.rows[t] = group / 2; cfg.colsb[t] = 64; }    // B: group/2 pairs of k x 16 columns
+    _tile_loadconfig(&cfg);
+    std::vector<float> tot(rows_padded * 16);
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      std::fill(tot.begin(), tot.end(), 0.f);
+      body(nb, tot.data());
+      for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * N + nb * 16, tot.data() + m * 16, 64);
+    }
+    _tile_release();
+  });
+}
+
 }  // namespace
 
 bool q4k_amx_ready() { return tiles_permitted(); }
@@ -73,8 +112,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   TORCH_CHECK(codes.is_contiguous() && dd.is_contiguous() && sm.is_contiguous(), "q4k_amx_mm: contiguous weights");
   const int64_t M = x.size(0), K = x.size(1), NB = codes.size(0), N = NB * 16, G = K / 32, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
-  // rows per tile: all of them up to 16, else 16 with the activations padded by zero rows
-  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
   // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
   const Activations act = prepare(x, Mp, 32);
   const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
@@ -87,61 +125,43 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   const uint8_t* sp = sm.data_ptr<uint8_t>();
   const __m512i low4 = _mm512_set1_epi16(15), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c128 = _mm512_set1_ps(128.f);
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    TileConfig cfg;
-    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // C: rows x 16 fp32
-    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // A: rows x 32 bf16
-    for (int t : {2, 5}) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B: 16 pairs of k x 16 columns
-    _tile_loadconfig(&cfg);
-    std::vector<float> tot(Mp * 16);
+  column_blocks(NB, M, Mp, TR, 32, op, [&](int64_t nb, float* tot) {
     // a super-block's eight B tiles decoded before any is loaded: a tile load waits for the stores it reads
     alignas(64) uint16_t wbuf[8][16 * 32];
     alignas(64) float cbuf[8][16 * 16];
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      std::fill(tot.begin(), tot.end(), 0.f);
-      const uint8_t* q = cp + nb * (K / 4) * 32;
-      for (int64_t sb = 0; sb < SB; ++sb) {
-        const uint8_t* qs = q + sb * 64 * 32;
-        for (int c = 0; c < 64; ++c) {
-          if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(qs + c * 32 + PREFETCH), _MM_HINT_T0);
-          __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + c * 32)));
-          _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7)], _mm512_or_si512(_mm512_and_si512(w, low4), bias128));
-          _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7) + 32], _mm512_or_si512(_mm512_srli_epi16(w, 4), bias128));
-        }
-        const float* f = dp + (nb * SB + sb) * 32;
-        const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
-        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
-          const uint16_t* xa = xbp + m0 * K + sb * 256;
-          for (int gi = 0; gi < 8; gi += 2) {  // two tile sets in turn
-            _tile_zero(0); _tile_loadd(1, xa + gi * 32, K * 2); _tile_loadd(2, wbuf[gi], 64);
-            _tile_dpbf16ps(0, 1, 2);
-            _tile_zero(3); _tile_loadd(4, xa + gi * 32 + 32, K * 2); _tile_loadd(5, wbuf[gi + 1], 64);
-            _tile_dpbf16ps(3, 4, 5);
-            _tile_stored(0, cbuf[gi], 64);
-            _tile_stored(3, cbuf[gi + 1], 64);
-          }
-          const int64_t rows = std::min<int64_t>(TR, M - m0);
-          for (int gi = 0; gi < 8; ++gi) {
-            const int64_t g = sb * 8 + gi;
-            const uint8_t* s = sp + (nb * G + g) * 32;
-            const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-            const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
-            for (int64_t r = 0; r < rows; ++r) {
-              float* t = tot.data() + (m0 + r) * 16;
-              const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + g]);
-              const __m512 dot = _mm512_fnmadd_ps(c128, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q, not 128 + q
-              __m512 v = _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t));
-              v = _mm512_fnmadd_ps(L, xs, v);
-              _mm512_storeu_ps(t, v);
-            }
+    const uint8_t* q = cp + nb * (K / 4) * 32;
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const uint8_t* qs = q + sb * 64 * 32;
+      for (int c = 0; c < 64; ++c) {
+        if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(qs + c * 32 + PREFETCH), _MM_HINT_T0);
+        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + c * 32)));
+        _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7)], _mm512_or_si512(_mm512_and_si512(w, low4), bias128));
+        _mm512_store_si512(&wbuf[c >> 3][64 * (c & 7) + 32], _mm512_or_si512(_mm512_srli_epi16(w, 4), bias128));
+      }
+      const float* f = dp + (nb * SB + sb) * 32;
+      const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
+      for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+        const uint16_t* xa = xbp + m0 * K + sb * 256;
+        group_products(xa, K, wbuf[0], 32, 8, cbuf);
+        const int64_t rows = std::min<int64_t>(TR, M - m0);
+        for (int gi = 0; gi < 8; ++gi) {
+          const int64_t g = sb * 8 + gi;
+          const uint8_t* s = sp + (nb * G + g) * 32;
+          const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+          const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+          for (int64_t r = 0; r < rows; ++r) {
+            float* t = tot + (m0 + r) * 16;
+            const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + g]);
+            const __m512 dot = _mm512_fnmadd_ps(c128, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q, not 128 + q
+            __m512 v = _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t));
+            v = _mm512_fnmadd_ps(L, xs, v);
+            _mm512_storeu_ps(t, v);
           }
         }
       }
-      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
     }
-    _tile_release();
   });
   return out;
 }
@@ -157,7 +177,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
               "q6k_amx_mm: contiguous weights");
   const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 16, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
-  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
   const Activations act = prepare(x, Mp, 16);  // q - 32 = (128 + q) - 160: the sums take the 160 off
   const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
   const std::vector<float>& xsum = act.sums;
@@ -170,61 +190,43 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   const int8_t* sp = sc.data_ptr<int8_t>();
   const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c160 = _mm512_set1_ps(160.f);
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    TileConfig cfg;
-    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }  // C: rows x 16 fp32
-    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 32; }  // A: rows x 16 bf16
-    for (int t : {2, 5}) { cfg.rows[t] = 8; cfg.colsb[t] = 64; }   // B: 8 pairs of k x 16 columns
-    _tile_loadconfig(&cfg);
-    std::vector<float> tot(Mp * 16);
+  column_blocks(NB, M, Mp, TR, 16, op, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[128][32];  // a super-block's 128 pairs of k, decoded
     alignas(64) float cbuf[16][16 * 16];
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      std::fill(tot.begin(), tot.end(), 0.f);
-      for (int64_t sb = 0; sb < SB; ++sb) {
-        const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
-        const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
-        for (int h = 0; h < 32; ++h) {
-          _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
-          if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
-          const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
-          const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
-          const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
-          const __m512i q[4] = {
-              _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
-              _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
-              _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
-              _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
-          for (int v = 0; v < 4; ++v) _mm512_store_si512(wbuf[4 * h + v], _mm512_or_si512(q[v], bias128));
-        }
-        const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
-        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
-          const uint16_t* xa = xbp + m0 * K + sb * 256;
-          for (int gi = 0; gi < 16; gi += 2) {  // two tile sets in turn
-            _tile_zero(0); _tile_loadd(1, xa + gi * 16, K * 2); _tile_loadd(2, wbuf[8 * gi], 64);
-            _tile_dpbf16ps(0, 1, 2);
-            _tile_zero(3); _tile_loadd(4, xa + gi * 16 + 16, K * 2); _tile_loadd(5, wbuf[8 * gi + 8], 64);
-            _tile_dpbf16ps(3, 4, 5);
-            _tile_stored(0, cbuf[gi], 64);
-            _tile_stored(3, cbuf[gi + 1], 64);
-          }
-          const int64_t rows = std::min<int64_t>(TR, M - m0);
-          for (int gi = 0; gi < 16; ++gi) {
-            const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
-            const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-            for (int64_t r = 0; r < rows; ++r) {
-              float* t = tot.data() + (m0 + r) * 16;
-              const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + sb * 16 + gi]);
-              const __m512 dot = _mm512_fnmadd_ps(c160, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q - 32
-              _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
-            }
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
+      const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
+      for (int h = 0; h < 32; ++h) {
+        _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
+        if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
+        const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
+        const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
+        const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
+        const __m512i q[4] = {
+            _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
+            _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
+            _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
+            _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
+        for (int v = 0; v < 4; ++v) _mm512_store_si512(wbuf[4 * h + v], _mm512_or_si512(q[v], bias128));
+      }
+      const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
+      for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+        const uint16_t* xa = xbp + m0 * K + sb * 256;
+        group_products(xa, K, wbuf[0], 16, 16, cbuf);
+        const int64_t rows = std::min<int64_t>(TR, M - m0);
+        for (int gi = 0; gi < 16; ++gi) {
+          const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
+          const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+          for (int64_t r = 0; r < rows; ++r) {
+            float* t = tot + (m0 + r) * 16;
+            const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + sb * 16 + gi]);
+            const __m512 dot = _mm512_fnmadd_ps(c160, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q - 32
+            _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
           }
         }
       }
-      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
     }
-    _tile_release();
   });
   return out;
 }
@@ -240,7 +242,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous(), "q32_amx_mm: contiguous weights");
   const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 32;
   TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
-  const int64_t TR = M <= 16 ? std::max<int64_t>(M, 1) : 16, Mp = (M + TR - 1) / TR * TR;
+  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
   const Activations act = prepare(x, Mp, 32);
   const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
   const std::vector<float>& xsum = act.sums;
@@ -253,73 +255,55 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   const __m512i low4 = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c144 = _mm512_set1_ps(144.f);
   const int64_t chunk_bytes = Q8 ? 16 * 32 : 8 * 32;  // a group's codes: 16 pairs of bytes, or 8 chunks of nibbles
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    TileConfig cfg;
-    for (int t : {0, 3}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }
-    for (int t : {1, 4}) { cfg.rows[t] = TR; cfg.colsb[t] = 64; }
-    for (int t : {2, 5}) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
-    std::vector<float> tot(Mp * 16);
+  column_blocks(NB, M, Mp, TR, 32, op, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[8][16 * 32];
     alignas(64) float cbuf[8][16 * 16];
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      std::fill(tot.begin(), tot.end(), 0.f);
-      for (int64_t g0 = 0; g0 < G; g0 += 8) {
-        const int ng = int(std::min<int64_t>(8, G - g0));
-        for (int gi = 0; gi < ng; ++gi) {
-          const uint8_t* ls = lp + nb * (Q8 ? K / 2 : K / 4) * 32 + (g0 + gi) * chunk_bytes;
-          for (int64_t l = 0; l < chunk_bytes; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(ls + PREFETCH + l), _MM_HINT_T0);
-          if (Q8) {
-            for (int p = 0; p < 16; ++p) {
-              const __m128i* b = reinterpret_cast<const __m128i*>(ls + 32 * p);
-              const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b)));
-              const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b + 1)));
-              _mm512_store_si512(&wbuf[gi][32 * p], (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
-            }
-          } else {
-            const uint8_t* hs = hp + (nb * (K / 16) + (g0 + gi) * 2) * 32;
-            _mm_prefetch(reinterpret_cast<const char*>(hs + PREFETCH / 4), _MM_HINT_T0);
-            for (int hh = 0; hh < 2; ++hh) {
-              const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * hh)));
-              for (int cc = 0; cc < 4; ++cc) {
-                const int c = 4 * hh + cc;
-                const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 32 * c)));
-                const __m512i t0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc), one), 4);
-                const __m512i t1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc + 1), one), 4);
-                _mm512_store_si512(&wbuf[gi][64 * c],
-                                   _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(w, low4), t0), bias128));
-                _mm512_store_si512(&wbuf[gi][64 * c + 32],
-                                   _mm512_or_si512(_mm512_or_si512(_mm512_srli_epi16(w, 4), t1), bias128));
-              }
-            }
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+      const int ng = int(std::min<int64_t>(8, G - g0));
+      for (int gi = 0; gi < ng; ++gi) {
+        const uint8_t* ls = lp + nb * (Q8 ? K / 2 : K / 4) * 32 + (g0 + gi) * chunk_bytes;
+        for (int64_t l = 0; l < chunk_bytes; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(ls + PREFETCH + l), _MM_HINT_T0);
+        if (Q8) {
+          for (int p = 0; p < 16; ++p) {
+            const __m128i* b = reinterpret_cast<const __m128i*>(ls + 32 * p);
+            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b)));
+            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b + 1)));
+            _mm512_store_si512(&wbuf[gi][32 * p], (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
           }
-        }
-        for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
-          const uint16_t* xa = xbp + m0 * K + g0 * 32;
-          for (int gi = 0; gi < ng; gi += 2) {
-            _tile_zero(0); _tile_loadd(1, xa + gi * 32, K * 2); _tile_loadd(2, wbuf[gi], 64);
-            _tile_dpbf16ps(0, 1, 2);
-            _tile_zero(3); _tile_loadd(4, xa + gi * 32 + 32, K * 2); _tile_loadd(5, wbuf[gi + 1], 64);
-            _tile_dpbf16ps(3, 4, 5);
-            _tile_stored(0, cbuf[gi], 64);
-            _tile_stored(3, cbuf[gi + 1], 64);
-          }
-          const int64_t rows = std::min<int64_t>(TR, M - m0);
-          for (int gi = 0; gi < ng; ++gi) {
-            const __m512 S = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
-            for (int64_t r = 0; r < rows; ++r) {
-              float* t = tot.data() + (m0 + r) * 16;
-              __m512 dot = _mm512_load_ps(cbuf[gi] + 16 * r);
-              if (!Q8) dot = _mm512_fnmadd_ps(c144, _mm512_set1_ps(xsum[(m0 + r) * G + g0 + gi]), dot);  // q - 16
-              _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+        } else {
+          const uint8_t* hs = hp + (nb * (K / 16) + (g0 + gi) * 2) * 32;
+          _mm_prefetch(reinterpret_cast<const char*>(hs + PREFETCH / 4), _MM_HINT_T0);
+          for (int hh = 0; hh < 2; ++hh) {
+            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * hh)));
+            for (int cc = 0; cc < 4; ++cc) {
+              const int c = 4 * hh + cc;
+              const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 32 * c)));
+              const __m512i t0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc), one), 4);
+              const __m512i t1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc + 1), one), 4);
+              _mm512_store_si512(&wbuf[gi][64 * c],
+                                 _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(w, low4), t0), bias128));
+              _mm512_store_si512(&wbuf[gi][64 * c + 32],
+                                 _mm512_or_si512(_mm512_or_si512(_mm512_srli_epi16(w, 4), t1), bias128));
             }
           }
         }
       }
-      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
+      for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
+        const uint16_t* xa = xbp + m0 * K + g0 * 32;
+        group_products(xa, K, wbuf[0], 32, ng, cbuf);
+        const int64_t rows = std::min<int64_t>(TR, M - m0);
+        for (int gi = 0; gi < ng; ++gi) {
+          const __m512 S = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* t = tot + (m0 + r) * 16;
+            __m512 dot = _mm512_load_ps(cbuf[gi] + 16 * r);
+            if (!Q8) dot = _mm512_fnmadd_ps(c144, _mm512_set1_ps(xsum[(m0 + r) * G + g0 + gi]), dot);  // q - 16
+            _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+          }
+        }
+      }
     }
-    _tile_release();
   });
   return out;
 }
