@@ -303,6 +303,10 @@ async def type_body(ed: Editor, body: Body, rng: random.Random, cancel: bool, cu
                     tally["asked_again"] += 1
                     answer = await suggestion(at_line, at_col, sent)
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - cancelled by the next key
+                if trace is not None:  # a pause not shown: how long it had (the pause less the debounce)
+                    trace.append({"at": ed.lines[at_line][:at_col][-40:], "coming": text[at:at + 40],
+                                  "answer": None, "ms": round((time.perf_counter() - t0) * 1000),
+                                  "late": True, "cancelled": True})
                 return
             ms = (time.perf_counter() - t0) * 1000
             if ed.version != version:
@@ -473,13 +477,18 @@ async def finish_method(run: MethodRun) -> dict:
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
             "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
             "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms",
-            "prompt_tokens", "reused_prompt_tokens", "accepted_sources", "cursor_notifications", "ready_notices",
+            "prompt_tokens", "reused_prompt_tokens", "computed_prompt_tokens", "accepted_sources",
+            "cursor_notifications", "ready_notices",
             "context_selections", "context_warm_tokens")},
-        # what keystrokes cost the model in prompt: the tokens of the runs' prompts not reused from a KV cache,
-        # the warm-ups', and the new cross-file blocks' computed in the background, per key typed
+        # what keystrokes cost the model in prompt: the tokens the runs' prefills computed (a run stopped
+        # mid-prompt leaves the rest to the next), the warm-ups', and the new cross-file blocks' computed in the
+        # background, per key typed; and the runs' prompt tokens not found in a KV cache when they started
         "prompt_tokens_computed_per_key": None if isinstance(run.server, LlamaServer) else round(
-            ((st["totals"].get("prompt_tokens") or 0) - (st["totals"].get("reused_prompt_tokens") or 0)
+            ((st["totals"].get("computed_prompt_tokens") or 0)
              + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0))
+            / max(1, tally["typed"]), 1),
+        "prompt_tokens_missed_per_key": None if isinstance(run.server, LlamaServer) else round(
+            ((st["totals"].get("prompt_tokens") or 0) - (st["totals"].get("reused_prompt_tokens") or 0))
             / max(1, tally["typed"]), 1),
         "model": {k: st["model"].get(k) for k in ("name", "precision", "verifier", "layout", "kv_cache")},
         # the cross-file blocks: selections made, new blocks offered and promoted, unchanged, kept (no new definition)
@@ -692,8 +701,9 @@ def table(report: dict) -> str:
             out.append(f"{m}: {r['prompt_tokens_computed_per_key']} prompt tokens computed per key typed "
                        f"({sv.get('context_warm_tokens') or 0} for {cf.get('promoted') or 0} new cross-file blocks of "
                        f"{cf.get('offered') or 0} offered, in the background; {sv.get('context_selections') or 0} "
-                       f"selections, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept: no new definition); "
-                       f"accepted per source {sv.get('accepted_sources')}")
+                       f"selections, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept: no new definition; "
+                       f"runs' prompt tokens not in a cache when they started: {r.get('prompt_tokens_missed_per_key')} "
+                       f"per key); accepted per source {sv.get('accepted_sources')}")
         if "prompt_n" in sv and sv.get("predicted_n"):
             out.append(f"{m}: {sv['prompt_n']} prompt tokens in {sv['prompt_ms'] / 1000:.1f} s, {sv['predicted_n']} "
                        f"tokens predicted at {sv['predicted_ms'] / sv['predicted_n']:.0f} ms per token; hints from "

@@ -3,6 +3,7 @@ array sorted (pydivsufsort), and the shard's files written. The suffix array (in
 orders all suffixes of the token array (indexer/layout.py: big-endian, a sentinel after every document)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -71,11 +72,36 @@ def compact_tokens(arr: np.ndarray, width: int, vocab_size: int | None = None):
     return stored, 2, alpha
 
 
+def divsufsort(arr: np.ndarray) -> np.ndarray:
+    """pydivsufsort's suffix array, sorted on a thread that ends with the sort.
+
+    pydivsufsort sorts on an OpenMP team, and in a process that has imported torch that team lives in torch's
+    libgomp. A team stays docked for as long as the thread that started it lives; once a process holds more
+    OpenMP threads than CPUs, libgomp stops letting idle ones spin and wakes them through the kernel at every
+    parallel region, and a model forward has hundreds. Sorted on the daemon's long-lived indexing thread, one
+    workspace index made every later decoding step 1.55x slower on 2 cores (docs/cpu.md: 32.5 -> 50.3 ms at
+    int4w, 56 -> 74 ms at bf16). A thread of its own takes the team with it when it ends."""
+    from pydivsufsort import divsufsort as sort
+
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(sort(arr))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            out.append(exc)
+
+    t = threading.Thread(target=run, name="rest-index-sort")
+    t.start()
+    t.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
 def suffix_array(tokens: np.ndarray, width: int, vocab_size: int | None = None) -> np.ndarray:
     """Suffix array of a native token array (with sentinels). Ids are first mapped to dense ranks (order
     kept, the sentinel stays largest) so a 151k-word vocabulary whose corpus uses ~60k ids sorts as uint16."""
-    from pydivsufsort import divsufsort
-
     if tokens.size == 0:
         return np.zeros(0, dtype=np.int32)
     if width == 4 and tokens.size > 4096:
@@ -99,8 +125,6 @@ def _suffix_array_be16(be: np.ndarray) -> np.ndarray:
     (a token suffix is a byte suffix at an even offset), but keeping the even offsets in place: pydivsufsort
     first copies the tokens to swap their bytes and then filters with whole-array temporaries, about 22 bytes
     per token at the peak; this peaks at the 8 bytes per token of the byte-level array."""
-    from pydivsufsort import divsufsort
-
     n = be.size
     out = divsufsort(be.view(np.uint8))          # int32 (int64 past 2^31 bytes), 2n entries
     w, step = 0, 1 << 18

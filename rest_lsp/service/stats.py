@@ -32,7 +32,7 @@ class Stats:
             # model runs (predictions, samples): decoded tokens, steps, time, accepted draft tokens per source
             "runs": 0, "tokens": 0, "steps": 0, "draft_nodes": 0, "retrieval_ms": 0.0, "forward_ms": 0.0,
             "prefill_ms": 0.0,
-            "prompt_tokens": 0, "reused_prompt_tokens": 0, "accepted_sources": {},
+            "prompt_tokens": 0, "reused_prompt_tokens": 0, "computed_prompt_tokens": 0, "accepted_sources": {},
             "wasted_tokens": 0, "wasted_steps": 0,  # decoded by runs stopped before anything was shown
         }
         self._next_id = 0
@@ -80,6 +80,8 @@ class Stats:
             for k in ("tokens", "steps", "draft_nodes", "retrieval_ms", "forward_ms", "prefill_ms", "prompt_tokens"):
                 t[k] += figures.get(k) or 0
             t["reused_prompt_tokens"] += figures.get("reused_tokens") or 0
+            # what the run's prefill forwards computed: less than prompt - reused when it stopped mid-prompt
+            t["computed_prompt_tokens"] += figures.get("computed_tokens") or 0
             for name, n in (figures.get("accepted_sources") or {}).items():
                 t["accepted_sources"][name] = t["accepted_sources"].get(name, 0) + n
             if wasted:

@@ -157,3 +157,28 @@ def test_a_runs_ids_follow_its_prompt_and_output():
         ids = run.ids()
         assert ids.tolist() == run.prompt + run.out
     assert len(run._ids) >= len(ids) and ids.base is run._ids  # a view, not a copy per step
+
+
+def test_a_run_stopped_mid_prompt_counts_what_it_computed_not_what_it_missed():
+    """`computed_prompt_tokens` (rest/stats, bench_typing's prompt tokens per key) is what prefills computed: a
+    run stopped after one chunk leaves the rest to the next run, which counts only that rest, while its prompt
+    tokens not found in a cache when it started count the first chunk's share twice."""
+    from rest_lsp.service.stats import Stats
+
+    model = tiny_model("qwen2", 1)
+    engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[])
+    prompt = random_prompt(3, 90)
+    stats = Stats()
+    first = engine.start(prompt, GenerationConfig(max_new_tokens=N), chunk=32)
+    engine.advance(first)
+    engine.stop(first)
+    second = engine.start(prompt, GenerationConfig(max_new_tokens=N), chunk=32)
+    while not second.done:
+        engine.advance(second)
+    for run in (first, second):
+        stats.record_run({"prompt_tokens": run.result.prompt_tokens, "reused_tokens": run.result.reused_tokens,
+                          "computed_tokens": run.computed})
+    assert (first.computed, second.computed, second.result.reused_tokens) == (32, 58, 32)
+    assert stats.totals["computed_prompt_tokens"] == 90  # every prompt token computed once
+    assert stats.totals["prompt_tokens"] - stats.totals["reused_prompt_tokens"] == 90 + 58
+    assert second.result.tokens == plain_greedy(model, prompt, N)
