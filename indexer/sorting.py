@@ -80,7 +80,8 @@ def divsufsort(arr: np.ndarray) -> np.ndarray:
     OpenMP threads than CPUs, libgomp stops letting idle ones spin and wakes them through the kernel at every
     parallel region, and a model forward has hundreds. Sorted on the daemon's long-lived indexing thread, one
     workspace index made every later decoding step 1.55x slower on 2 cores (docs/cpu.md: 32.5 -> 50.3 ms at
-    int4w, 56 -> 74 ms at bf16). A thread of its own takes the team with it when it ends."""
+    int4w). A thread of its own takes the team with it when it ends; a daemon thread, so that an interrupted
+    build does not wait for its sort."""
     from pydivsufsort import divsufsort as sort
 
     out: list = []
@@ -91,7 +92,7 @@ def divsufsort(arr: np.ndarray) -> np.ndarray:
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
             out.append(exc)
 
-    t = threading.Thread(target=run, name="rest-index-sort")
+    t = threading.Thread(target=run, name="rest-index-sort", daemon=True)
     t.start()
     t.join()
     if isinstance(out[0], BaseException):
