@@ -7,8 +7,8 @@
 
 Everything rest-lsp caches lives under the one root: the embedded model (`embedded/`), converted GGUFs
 (`converted/`), model tokenizers (`tokenizers/`), the default corpus (`corpus/`), workspace datastores
-(`workspaces/`), the history (`history/`), c(q) and precision measurements (`cost/`), inductor's graphs
-(`inductor/`), bench recordings (`replay/`), the editor test tools (`editors/`). A `cache_dir` setting
+(`workspaces/`), the history (`history/`), c(q) and precision measurements (`cost/`), int4w's packed layers
+(`packed/`), inductor's graphs (`inductor/`), bench recordings (`replay/`), the editor test tools (`editors/`). A `cache_dir` setting
 moves the daemon's own part (workspaces, history) elsewhere; the rest stays here.
 
 Imports nothing of the project and never torch: the indexer, which must stay importable without torch,

@@ -23,7 +23,9 @@ Two kernels, one per process (a row must round alike alone and in a tree, so the
   0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4, against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6).
 A layer stored otherwise (Q5_0, Q8_0; Q6_K without AMX) becomes int8w from its dequantized weights, and a layer
 whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or transposed)
-too: each tensor is checked against the converted model's weight before it is used.
+too: each tensor is checked against the converted model's weight before it is used. What this builds is kept on
+disk (packed_cache.py) and read by later starts instead of the GGUF (the 0.5B's load on a 2-core Xeon with AMX:
+18.0 -> 3.5 s; docs/cpu.md).
 
 Like int8w: each output element is one dot product whose order depends on neither the number of rows nor the
 other columns in the call (`weight_int4_exact` checks it on this CPU), so a draft tree's row rounds as it does
@@ -46,7 +48,7 @@ import torch
 from .int8row import fused_bias, linear_slots
 from .int8weight import FLOAT_ROWS, Int8WeightLinear, fused_rows_invariant
 from .gguf_amx import Q6Blocks, Q32Blocks, QBlocks, q4k_fields
-from . import gguf_amx
+from . import gguf_amx, packed_cache
 
 log = logging.getLogger(__name__)
 
@@ -301,30 +303,68 @@ def _block_layer(tensor: Any, linear: torch.nn.Linear, wide: torch.nn.Module) ->
     return BlockLinear(blocks, linear.bias, wide)
 
 
+def _layers_from_gguf(gguf: str | Path, slots: list, names: dict[int, str], head: Any) -> dict[str, Int4WeightLinear]:
+    """{module name: layer} for the linear layers whose GGUF tensor decodes exactly to their weight."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
+    out = {}
+    for parent, attr in slots:
+        linear = getattr(parent, attr)
+        name = names.get(id(linear), "")
+        for tname in gguf_name(name, linear is head):
+            if tname in tensors:
+                layer = _q4k_layer(tensors[tname], linear, linear) or _block_layer(tensors[tname], linear, linear)
+                if layer is not None:
+                    out[name] = layer
+                break
+    return out
+
+
+def _layers_kept(gguf: str | Path, key: str, slots: list, names: dict[int, str]) -> dict[str, Int4WeightLinear] | None:
+    """_layers_from_gguf's result as packed_cache kept it for `key` (checked when kept: the key holds the GGUF
+    and the model's weight files); None where nothing usable is kept."""
+    kept = packed_cache.load(gguf, key)
+    if kept is None:
+        return None
+    out = {}
+    for parent, attr in slots:
+        linear = getattr(parent, attr)
+        name = names.get(id(linear), "")
+        if name in kept:
+            entry = kept[name]
+            layer = (BlockLinear if entry.kind == "blocks" else Int4WeightLinear)(entry.blocks, linear.bias, linear)
+            if (layer.out_features, layer.in_features) != tuple(linear.weight.shape):
+                log.warning("int4w: the kept %s is %dx%d, the model's %s: decoding the GGUF again", name,
+                            layer.out_features, layer.in_features, tuple(linear.weight.shape))
+                return None
+            out[name] = layer
+    return out
+
+
 @torch.no_grad()
 def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = torch.float32) -> dict[str, int]:
     """Replace, in place, the nn.Linear layers of a transformers causal LM's decoder and its LM head: by
     Int4WeightLinear where the GGUF holds the layer as Q4_K blocks that decode to the model's weight, else by
     Int8WeightLinear; each keeps its float layer, in `wide_dtype`, for prompt chunks. -> how many layers
     became which."""
-    from gguf import GGUFReader
-
     from .int8weight import weight_int8_exact
 
     if not weight_int4_exact() or not weight_int8_exact():
         raise RuntimeError("int4w: torch's _weight_int4pack_mm_for_cpu or _weight_int8pack_mm is unavailable "
                            "or not batch-invariant on this CPU")
-    tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
     names = {id(mod): name for name, mod in model.named_modules()}
-    head = model.get_output_embeddings()
+    slots = list(linear_slots(model, head=True))
+    key = packed_cache.cache_key(gguf, model, kernel_name())
+    layers = _layers_kept(gguf, key, slots, names) if key else None
+    if layers is None:
+        layers = _layers_from_gguf(gguf, slots, names, model.get_output_embeddings())
+        if key and layers:
+            packed_cache.save(gguf, key, layers)
     counts = {"int4": 0, "blocks": 0, "int8": 0}
-    for parent, attr in list(linear_slots(model, head=True)):
+    for parent, attr in slots:
         linear = getattr(parent, attr)
-        layer = None
-        for tname in gguf_name(names.get(id(linear), ""), linear is head):
-            if tname in tensors:
-                layer = _q4k_layer(tensors[tname], linear, linear) or _block_layer(tensors[tname], linear, linear)
-                break
+        layer = layers.get(names.get(id(linear), ""))
         if layer is None:
             layer = Int8WeightLinear.from_linear(linear)
         layer.wide.to(wide_dtype)

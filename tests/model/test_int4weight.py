@@ -6,6 +6,8 @@ transformers' own greedy `generate` on the same model (never engine against engi
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
 import numpy as np
 import pytest
@@ -123,9 +125,12 @@ def test_q4k_layers_become_int4_and_the_others_int8(q4k_model):
 
 
 @needs_kernel
-def test_blocks_that_do_not_decode_to_the_weight_are_not_used(q4k_model):
+def test_blocks_that_do_not_decode_to_the_weight_are_not_used(q4k_model, monkeypatch):
+    from rest_lsp.model import packed_cache
     from rest_lsp.model.host import load_model
 
+    # the weights change in memory here, not in the files packed_cache's key is made of: nothing kept
+    monkeypatch.setattr(packed_cache, "cache_key", lambda *a: None)
     model_dir, gguf_file = q4k_model
     lm = load_model(str(model_dir), device="cpu", precision="fp32")
     with torch.no_grad():
@@ -159,3 +164,105 @@ def test_int4w_follows_the_float_model(q4k_model):
     assert not torch.equal(a, b)  # int4 products, not the float layers
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
     assert agree >= 0.8, f"int4w's greedy tokens agree with fp32's at {float(agree):.2f} of positions"
+
+
+def _layer_kinds(model) -> dict[str, type]:
+    return {name: type(m) for name, m in model.named_modules() if isinstance(m, (Int4WeightLinear, Int8WeightLinear))}
+
+
+def _gguf_reads(monkeypatch) -> list[str]:
+    """The GGUF files opened by gguf's reader from now on."""
+    import gguf
+
+    reads, real = [], gguf.GGUFReader
+
+    def reader(path, *a, **k):
+        reads.append(str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(gguf, "GGUFReader", reader)
+    return reads
+
+
+@needs_kernel
+def test_a_later_start_reads_the_kept_layers_and_computes_the_same_bits(q4k_model, tmp_path, monkeypatch):
+    """packed_cache: the second int4w build of a model reads what the first kept, not the GGUF, and its
+    products are bit-identical to the first's, for one row and for a tree's rows."""
+    import shutil
+
+    from rest_lsp.model.host import load_model
+
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    shutil.copytree(q4k_model[0], model_dir)
+    gguf_file = q4k_model[1]
+    reads = _gguf_reads(monkeypatch)
+    built = []
+    for _ in range(2):
+        lm = load_model(str(model_dir), device="cpu", precision="fp32")
+        counts = quantize_from_gguf(lm.model, gguf_file)
+        built.append((lm, counts))
+    assert reads == [str(gguf_file)]  # the first build only
+    (a, ca), (b, cb) = built
+    assert ca == cb and ca["int4"] == 12, (ca, cb)
+    assert _layer_kinds(a.model) == _layer_kinds(b.model)
+    ids = torch.tensor([a.tokenizer.encode("def moving_average(values, window):\n    total = 0\n")])
+    with torch.no_grad():
+        for rows in (ids[:, :1], ids[:, :9]):  # one row; a tree's worth (int4 products up to MAX_ROWS)
+            assert torch.equal(a.model(rows).logits, b.model(rows).logits)
+    assert len(list((tmp_path / "cache" / "packed").iterdir())) == 1
+
+    # a new conversion of the model (its weight file rewritten): decoded and checked again, replacing the entry
+    weights = model_dir / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    c = load_model(str(model_dir), device="cpu", precision="fp32")
+    assert quantize_from_gguf(c.model, gguf_file) == ca
+    assert len(reads) == 2
+    assert len(list((tmp_path / "cache" / "packed").iterdir())) == 1
+
+
+@needs_kernel
+def test_a_damaged_kept_entry_is_rebuilt_from_the_gguf(q4k_model, tmp_path, monkeypatch, caplog):
+    from rest_lsp.model.host import load_model
+
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    model_dir, gguf_file = q4k_model
+    reads = _gguf_reads(monkeypatch)
+    first = load_model(str(model_dir), device="cpu", precision="fp32")
+    counts = quantize_from_gguf(first.model, gguf_file)
+    (entry,) = (tmp_path / "cache" / "packed").iterdir()
+    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])  # a torn write (a crash, a full disk)
+    again = load_model(str(model_dir), device="cpu", precision="fp32")
+    assert quantize_from_gguf(again.model, gguf_file) == counts
+    assert len(reads) == 2 and "unreadable" in caplog.text
+    ids = torch.tensor([first.tokenizer.encode("x = [i * i for i in range(10)]\n")])
+    with torch.no_grad():
+        assert torch.equal(first.model(ids[:, :5]).logits, again.model(ids[:, :5]).logits)
+    third = load_model(str(model_dir), device="cpu", precision="fp32")
+    quantize_from_gguf(third.model, gguf_file)
+    assert len(reads) == 2  # the rewritten entry serves
+
+
+def test_kept_entries_stay_within_their_budget(tmp_path, monkeypatch):
+    """The least recently used entries go first once KEPT_FILES (or KEPT_BYTES) is passed; a read counts as a use."""
+    from rest_lsp.model import packed_cache
+    from rest_lsp.model.gguf_amx import QBlocks
+
+    monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_cache, "KEPT_FILES", 2)
+    layer = Int4WeightLinear(QBlocks(torch.zeros(1, 64, 32, dtype=torch.uint8), torch.zeros(1, 1, 2, 16),
+                                     torch.zeros(1, 8, 2, 16, dtype=torch.uint8)), None)
+    ggufs = [tmp_path / f"m{i}.gguf" for i in range(3)]
+    for g in ggufs:
+        g.write_bytes(b"GGUF")
+    packed_cache.save(ggufs[0], "k0", {"l": layer})
+    time.sleep(0.01)
+    packed_cache.save(ggufs[1], "k1", {"l": layer})
+    time.sleep(0.01)
+    assert set(packed_cache.load(ggufs[0], "k0")) == {"l"}  # used: now the most recent
+    time.sleep(0.01)
+    packed_cache.save(ggufs[2], "k2", {"l": layer})
+    assert packed_cache.load(ggufs[1], "k1") is None
+    kept = packed_cache.load(ggufs[0], "k0")["l"]
+    assert kept.kind == "int4" and all(torch.equal(x, y) for x, y in zip(kept.blocks, layer.blocks))
+    assert packed_cache.load(ggufs[2], "k2") is not None
+    assert packed_cache.load(ggufs[2], "another key") is None
