@@ -80,19 +80,36 @@ inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int 
   }
 }
 
-// body(nb, tot) for every block of 16 output columns, on at::parallel_for's threads with the tiles configured
-// for `rows` rows and `group` inputs a product; tot (rows_padded x 16 fp32) starts at zero for each block and
-// its first M rows are the block's output columns
+// what every product starts with: the tiles granted, the row tiling, the activations and the output
+struct Product {
+  int64_t M, TR, Mp;  // rows, rows per tile, rows padded to whole tiles
+  int group;          // inputs a tile product takes (a scale's group of weights)
+  Activations act;
+  torch::Tensor out;  // [M, N] fp32
+  const uint16_t* x() const { return reinterpret_cast<const uint16_t*>(act.bf16.data_ptr()); }
+};
+
+Product start(const char* name, const torch::Tensor& x, int64_t N, int group) {
+  TORCH_CHECK(tiles_permitted(), name, ": the kernel refused AMX tile state");
+  const int64_t M = x.size(0), TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
+  return Product{M, TR, Mp, group, prepare(x, Mp, group), torch::empty({M, N}, torch::kFloat32)};
+}
+
+// body(nb, tot) for every block nb of 16 of p's output columns, on at::parallel_for's threads with the tiles
+// configured for p.TR rows and p.group inputs a product; tot (p.Mp x 16 fp32) starts at zero for each block and
+// its first p.M rows are the block's output columns
 template <class Body>
-void column_blocks(int64_t NB, int64_t M, int64_t rows_padded, int64_t rows, int group, float* out, Body body) {
-  const int64_t N = NB * 16;
+void column_blocks(const Product& p, Body body) {
+  const int64_t N = p.out.size(1), NB = N / 16, M = p.M, rows = p.TR;
+  const int group = p.group;
+  float* out = p.out.data_ptr<float>();
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     TileConfig cfg;
     for (int t : {0, 3}) { cfg.rows[t] = rows; cfg.colsb[t] = 64; }         // C: rows x 16 fp32
     for (int t : {1, 4}) { cfg.rows[t] = rows; cfg.colsb[t] = 2 * group; }  // A: rows x group bf16
     for (int t : {2, 5}) { cfg.rows[t] = group / 2; cfg.colsb[t] = 64; }    // B: group/2 pairs of k x 16 columns
     _tile_loadconfig(&cfg);
-    std::vector<float> tot(rows_padded * 16);
+    std::vector<float> tot(p.Mp * 16);
     for (int64_t nb = b0; nb < b1; ++nb) {
       std::fill(tot.begin(), tot.end(), 0.f);
       body(nb, tot.data());
@@ -107,25 +124,22 @@ void column_blocks(int64_t NB, int64_t M, int64_t rows_padded, int64_t rows, int
 bool q4k_amx_ready() { return tiles_permitted(); }
 
 torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd, torch::Tensor sm) {
-  TORCH_CHECK(tiles_permitted(), "q4k_amx_mm: the kernel refused AMX tile state");
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 3 && codes.size(2) == 32, "q4k_amx_mm: shapes");
   TORCH_CHECK(codes.is_contiguous() && dd.is_contiguous() && sm.is_contiguous(), "q4k_amx_mm: contiguous weights");
-  const int64_t M = x.size(0), K = x.size(1), NB = codes.size(0), N = NB * 16, G = K / 32, SB = K / 256;
+  const int64_t K = x.size(1), NB = codes.size(0), G = K / 32, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
-  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
   // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
-  const Activations act = prepare(x, Mp, 32);
-  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
-  const std::vector<float>& xsum = act.sums;
-  auto out = torch::empty({M, N}, torch::kFloat32);
-  if (M == 0) return out;
-  float* op = out.data_ptr<float>();
+  const Product p = start("q4k_amx_mm", x, NB * 16, 32);
+  const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
+  const uint16_t* xbp = p.x();
+  const std::vector<float>& xsum = p.act.sums;
+  if (M == 0) return p.out;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
   const uint8_t* sp = sm.data_ptr<uint8_t>();
   const __m512i low4 = _mm512_set1_epi16(15), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c128 = _mm512_set1_ps(128.f);
-  column_blocks(NB, M, Mp, TR, 32, op, [&](int64_t nb, float* tot) {
+  column_blocks(p, [&](int64_t nb, float* tot) {
     // a super-block's eight B tiles decoded before any is loaded: a tile load waits for the stores it reads
     alignas(64) uint16_t wbuf[8][16 * 32];
     alignas(64) float cbuf[8][16 * 16];
@@ -163,7 +177,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
       }
     }
   });
-  return out;
+  return p.out;
 }
 
 // Q6_K: lo [NB, K/4, 32] uint8 (the low four bits, laid out as Q4_K's codes), hi [NB, K/8, 32] uint8 (byte j of
@@ -171,26 +185,23 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
 // [NB, K/16, 16] int8 (a scale per 16 weights). weight = d*sc*(q - 32), q = lo | hi << 4 in 0..63; one tile
 // product per group of 16, y = sum over groups of d*sc*dot(q - 32, x).
 torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, torch::Tensor dd, torch::Tensor sc) {
-  TORCH_CHECK(tiles_permitted(), "q6k_amx_mm: the kernel refused AMX tile state");
   TORCH_CHECK(x.dim() == 2 && lo.dim() == 3 && lo.size(2) == 32 && hi.size(2) == 32, "q6k_amx_mm: shapes");
   TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous() && sc.is_contiguous(),
               "q6k_amx_mm: contiguous weights");
-  const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 16, SB = K / 256;
+  const int64_t K = x.size(1), NB = lo.size(0), G = K / 16, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
-  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
-  const Activations act = prepare(x, Mp, 16);  // q - 32 = (128 + q) - 160: the sums take the 160 off
-  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
-  const std::vector<float>& xsum = act.sums;
-  auto out = torch::empty({M, N}, torch::kFloat32);
-  if (M == 0) return out;
-  float* op = out.data_ptr<float>();
+  const Product p = start("q6k_amx_mm", x, NB * 16, 16);  // q - 32 = (128 + q) - 160: the sums take the 160 off
+  const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
+  const uint16_t* xbp = p.x();
+  const std::vector<float>& xsum = p.act.sums;
+  if (M == 0) return p.out;
   const uint8_t* lp = lo.data_ptr<uint8_t>();
   const uint8_t* hp = hi.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
   const int8_t* sp = sc.data_ptr<int8_t>();
   const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c160 = _mm512_set1_ps(160.f);
-  column_blocks(NB, M, Mp, TR, 16, op, [&](int64_t nb, float* tot) {
+  column_blocks(p, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[128][32];  // a super-block's 128 pairs of k, decoded
     alignas(64) float cbuf[16][16 * 16];
     for (int64_t sb = 0; sb < SB; ++sb) {
@@ -228,7 +239,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       }
     }
   });
-  return out;
+  return p.out;
 }
 
 // Q5_0 and Q8_0: 32 weights a scale, weight = d*(q - 16) (Q5_0, q 0..31) or d*q (Q8_0, q -128..127); dd
@@ -237,25 +248,22 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
 // sums. Q8_0: lo [NB, K/2, 32] int8 (byte j of chunk p: lane j of pair p), converted to bf16 exactly.
 template <bool Q8>
 torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, torch::Tensor dd) {
-  TORCH_CHECK(tiles_permitted(), "q32_amx_mm: the kernel refused AMX tile state");
   TORCH_CHECK(x.dim() == 2 && lo.dim() == 3 && lo.size(2) == 32, "q32_amx_mm: shapes");
   TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous(), "q32_amx_mm: contiguous weights");
-  const int64_t M = x.size(0), K = x.size(1), NB = lo.size(0), N = NB * 16, G = K / 32;
+  const int64_t K = x.size(1), NB = lo.size(0), G = K / 32;
   TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
-  const int64_t TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
-  const Activations act = prepare(x, Mp, 32);
-  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(act.bf16.data_ptr());
-  const std::vector<float>& xsum = act.sums;
-  auto out = torch::empty({M, N}, torch::kFloat32);
-  if (M == 0) return out;
-  float* op = out.data_ptr<float>();
+  const Product p = start("q32_amx_mm", x, NB * 16, 32);
+  const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
+  const uint16_t* xbp = p.x();
+  const std::vector<float>& xsum = p.act.sums;
+  if (M == 0) return p.out;
   const uint8_t* lp = lo.data_ptr<uint8_t>();
   const uint8_t* hp = Q8 ? nullptr : hi.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
   const __m512i low4 = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c144 = _mm512_set1_ps(144.f);
   const int64_t chunk_bytes = Q8 ? 16 * 32 : 8 * 32;  // a group's codes: 16 pairs of bytes, or 8 chunks of nibbles
-  column_blocks(NB, M, Mp, TR, 32, op, [&](int64_t nb, float* tot) {
+  column_blocks(p, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[8][16 * 32];
     alignas(64) float cbuf[8][16 * 16];
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
@@ -305,7 +313,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       }
     }
   });
-  return out;
+  return p.out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
