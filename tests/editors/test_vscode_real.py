@@ -22,6 +22,7 @@ from restbase.storage import cache_root
 from vscode_harness import CodeServer, Workbench, find_tools, package_extension
 
 CALC_LINES = CALC.split("\n")
+LATE_HEADER = "".join(f"# note {i}: {' '.join(f'w{i * 7 + j}x{j}' for j in range(12))}\n" for i in range(24))
 BLOCK = (6, 5)   # 1-based line and column of the end of "    " in mul(): an empty block line
 
 
@@ -39,6 +40,7 @@ def vscode(tiny_model, tmp_path_factory):
         missing_editor(tools)
     tmp = tmp_path_factory.mktemp("vscode")
     ws = make_workspace(tmp)
+    (ws / "late.py").write_text(LATE_HEADER + CALC)  # test_a_late_suggestion_shows_without_another_key
     # The server as the extension starts it, behind a script that records each start (Restart Server).
     starts = tmp / "starts.log"
     wrapper = tmp / "rest-lsp"
@@ -207,10 +209,9 @@ def test_a_late_suggestion_shows_without_another_key(vscode):
     wait_ready(wb)
     # A file of its own whose long header no earlier prompt held: in calc.py the KV cache of the earlier tests
     # holds all but a token of the prompt, and the tiny model then finished its first line before the 1-ms
-    # budget was checked (a clean-clone run answered "complete").
-    header = "".join(f"# note {i}: {' '.join(f'w{i * 7 + j}x{j}' for j in range(12))}\n" for i in range(24))
-    (wb.ws / "late.py").write_text(header + CALC)
-    at = (BLOCK[0] + header.count("\n"), BLOCK[1])
+    # budget was checked (a clean-clone run answered "complete"). Written with the workspace: a file written
+    # while VS Code runs was once missing from Quick Open's list.
+    at = (BLOCK[0] + LATE_HEADER.count("\n"), BLOCK[1])
     # (a new maxTokens also drops the predictions kept from earlier tests, which could answer at once)
     wb.edit_user_settings(**{"restLsp.serverSettings": {"promptBudgetMs": 1, "warmUp": False},
                              "restLsp.maxTokens": 9})
