@@ -176,20 +176,22 @@ async def test_bad_input_keeps_the_server_up(session, tiny_model, tmp_path):
     assert rec["outcome"] == "completed" and rec["model_call"] and r.items and r.items[0].insert_text
 
 
-# Loaded into the server process (sitecustomize, on its PYTHONPATH): a run that has decoded HOLD_AFTER tokens
-# waits before its next step while the gate file exists, so the test, not the machine's speed or load, decides
-# whether a generation is still running when a request, a cancellation or an edit arrives.
+# Loaded into the server process (sitecustomize, on its PYTHONPATH): a run that has decoded REST_LSP_TEST_HOLD_AFTER
+# tokens (0: before its prompt is computed) waits before its next step while the gate file exists, so the test,
+# not the machine's speed or load, decides whether a generation is still running when a request, a cancellation
+# or an edit arrives.
 HOLD_AFTER = 8
-GATE_HOOK = f"""
+GATE_HOOK = """
 import os, time
 from rest_lsp.service import backend
 
 _advance = backend.EngineBackend.advance
 _gate = os.environ["REST_LSP_TEST_GATE"]
+_hold_after = int(os.environ["REST_LSP_TEST_HOLD_AFTER"])
 
 
 def advance(self, run):
-    while len(run.run.tokens) >= {HOLD_AFTER} and os.path.exists(_gate):
+    while len(run.run.tokens) >= _hold_after and os.path.exists(_gate):
         open(_gate + ".held", "a").close()   # the test waits for this before it acts on the held run
         time.sleep(0.005)
     return _advance(self, run)
@@ -199,14 +201,20 @@ backend.EngineBackend.advance = advance
 """
 
 
-async def test_cancellation_and_supersession(start_session, tiny_model, tmp_path):
+async def gated_session(start_session, tmp_path: Path, hold_after: int) -> tuple[object, Path]:
+    """A server whose runs wait at the gate file (created here) once they have decoded `hold_after` tokens."""
     hook, gate = tmp_path / "hook", tmp_path / "gate"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(GATE_HOOK)
     gate.touch()
     session = await start_session({"PYTHONPATH": os.pathsep.join(filter(None, [str(hook),
                                                                                 os.environ.get("PYTHONPATH")])),
-                                   "REST_LSP_TEST_GATE": str(gate)})
+                                   "REST_LSP_TEST_GATE": str(gate), "REST_LSP_TEST_HOLD_AFTER": str(hold_after)})
+    return session, gate
+
+
+async def test_cancellation_and_supersession(start_session, tiny_model, tmp_path):
+    session, gate = await gated_session(start_session, tmp_path, HOLD_AFTER)
     try:
         await _cancel_and_supersede(session, tiny_model, gate, tmp_path)
     finally:
@@ -255,9 +263,18 @@ async def _cancel_and_supersede(session, tiny_model: Path, gate: Path, tmp_path:
     assert HOLD_AFTER <= t["wasted_tokens"] <= HOLD_AFTER + 1, t   # what it decoded before the gate, and one step
 
 
-async def test_an_empty_automatic_answer_is_followed_by_suggestion_ready(session, tiny_model, tmp_path):
-    # a prompt budget no prompt meets, and no warm-up before the request: the Automatic request is answered
-    # empty at once; the server says when the suggestion is there, for the document version and place asked
+async def test_an_empty_automatic_answer_is_followed_by_suggestion_ready(start_session, tiny_model, tmp_path):
+    # a prompt budget no prompt meets (the gate holds every run before its prompt: a tiny model could otherwise
+    # finish within the budget on a loaded machine), no warm-up before the request: the Automatic request is
+    # answered empty at once; the server says when the suggestion is there, for the document version and place asked
+    session, gate = await gated_session(start_session, tmp_path, 0)
+    try:
+        await _empty_then_ready(session, tiny_model, gate, tmp_path)
+    finally:
+        gate.unlink(missing_ok=True)
+
+
+async def _empty_then_ready(session, tiny_model: Path, gate: Path, tmp_path: Path) -> None:
     await session.initialize({"model": str(tiny_model), "promptBudgetMs": 1, "warmUp": False, "maxTokens": 16,
                               "indexWorkspace": False})
     uri = (tmp_path / "ready.py").as_uri()
@@ -267,6 +284,8 @@ async def test_an_empty_automatic_answer_is_followed_by_suggestion_ready(session
     r = await session.complete(uri, 10, 6)
     st = await session.stats()
     assert not r.items and st["recent"][-1]["answer"] == "prompt_budget" and st["recent"][-1]["watched"]
+    assert st["totals"]["ready_notices"] == 0
+    gate.unlink()
     await wait_for(session, lambda st: st["totals"]["ready_notices"] == 1, "the notice")
     assert session.ready == [{"textDocument": {"uri": uri, "version": 2}, "position": {"line": 10, "character": 6}}]
     r = await session.complete(uri, 10, 6)   # asked again: answered from the prediction, no new model run
