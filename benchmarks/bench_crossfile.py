@@ -40,7 +40,7 @@ from report import write_json  # noqa: E402
 
 PROJECTS = "humanize==4.17.0,marshmallow==4.4.0,boltons==26.2.0"
 CONFIGS = {"none": (), "definitions": ("definitions",), "similar": ("similar",), "recent": ("recent",),
-           "all": ("definitions", "similar", "recent")}
+           "siblings": ("siblings",), "all": ("definitions", "similar", "recent", "siblings")}
 
 
 def cases_of(files, bodies_per_project: int, seed: int) -> list[dict]:

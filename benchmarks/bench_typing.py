@@ -1,28 +1,28 @@
 """A person typing, over the real protocol: suggestions on screen, their latency, and the characters they save.
 
-    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12]
+    .venv/bin/python benchmarks/bench_typing.py [--project boltons==26.2.0] [--limit 12 | --whole-file PATH ...]
         [--methods rest,plain[,patient][,rest-noask][,llama.cpp [--llama-server PATH] [--llama-model GGUF]]]
         [--rhythm human|fast|old] [--no-cancel] [--no-cursor] [--client project|plain] [--set KEY=VALUE ...]
         [--json OUT]
 
-An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is
-a real project from PyPI that no corpus holds (benchmarks/realcode.py): function bodies of some of its files
-are removed, the project is the workspace (indexed by the daemon), and the file with the bodies removed is
-open. The client types each body character by character with a seeded rhythm (benchmarks/typist.py, its
-sources and assumptions): by default (`--rhythm human`) an average typist, intervals drawn from a lognormal of
-mean 240 ms, longer after a word, a bracket and at a line's end, who reads a suggestion before taking it and
-presses Tab (or accept-word per word) to take it; `--rhythm fast` the same at 120 ms per key; `--rhythm old`
-the rhythm of the tables before 2026-12-02 (60-140 ms per key, 300-700 ms after a newline and after one space
-or bracket in four, taking a suggestion free). After a newline the editor indents the new line (auto-indent),
-so indentation is not typed. It asks for an inline completion once 150 ms pass without a
-key (Automatic trigger) and, VS Code style, cancels the request in flight at the next key (`--no-cancel`:
-Neovim style). Like this project's editor clients it also says where the cursor rests after 250 ms
-(`rest/cursor`; `--no-cursor` to leave it out), and it asks again when the server says that a request it answered
-empty for want of time has its suggestion (`rest/suggestionReady`; method `rest-noask`: REST with a client that
-does not). A suggestion that arrives while what was typed since the
-request is still its prefix is shown; the simulated person then accepts the part equal to what they were about
-to type, cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key
-(human, fast: when it spares more keys than the accept keys it costs, after reading it), and types on after it.
+An editor-like client (benchmarks/lsp_client.py) drives `rest-lsp --stdio` in a separate process. The code is a
+real project from PyPI that no corpus holds (benchmarks/realcode.py): function bodies of some of its files are
+removed, the project is the workspace (indexed by the daemon), and the file with the bodies removed is open
+(`--whole-file PATH`: the file is typed whole from an empty one, a new module among its siblings). The client
+types each body character by character with a seeded rhythm (benchmarks/typist.py, its sources and assumptions):
+by default (`--rhythm human`) an average typist, intervals drawn from a lognormal of mean 240 ms, longer after a
+word, a bracket and at a line's end, who reads a suggestion before taking it and presses Tab (or accept-word per
+word) to take it; `--rhythm fast` the same at 120 ms per key; `--rhythm old` the rhythm of the tables before
+2026-12-02 (60-140 ms per key, 300-700 ms after a newline and after one space or bracket in four, taking a
+suggestion free). After a newline the editor indents the new line (auto-indent), so indentation is not typed. It
+asks for an inline completion once 150 ms pass without a key (Automatic trigger) and, VS Code style, cancels the
+request in flight at the next key (`--no-cancel`: Neovim style). Like this project's editor clients it also says
+where the cursor rests after 250 ms (`rest/cursor`; `--no-cursor` to leave it out), and it asks again when the
+server says that a request it answered empty for want of time has its suggestion (`rest/suggestionReady`; method
+`rest-noask`: REST with a client that does not). A suggestion that arrives while what was typed since the request
+is still its prefix is shown; the simulated person then accepts the part equal to what they were about to type,
+cut at a word boundary (the whole suggestion when it all matches), instead of typing their next key (human, fast:
+when it spares more keys than the accept keys it costs, after reading it), and types on after it.
 
 Every method has its own server, started one after another; then each body is typed by every method in turn
 (the order reversed from one body to the next), each server left to finish what it still computes before the
@@ -150,6 +150,22 @@ def prepare(root: Path, n_files: int, limit: int, seed: int, work: Path) -> tupl
         # its line is its line in the original (the removed bodies collapsed to one line each until then)
         bodies_out = [Body(target, first, indent, body_text) for first, indent, body_text in reversed(todo)]
         out.append((target, opened, bodies_out))
+    return ws, out
+
+
+def prepare_whole(root: Path, rel_paths: list[str], work: Path) -> tuple[Path, list[tuple[Path, str, list[Body]]]]:
+    """The workspace (a copy of the project in which each chosen file is there but empty: a module the person
+    has just created) and, per file, its whole text to type from the top as one body."""
+    ws = work / root.name
+    shutil.copytree(root, ws)
+    out = []
+    for rel in rel_paths:
+        src = root / rel
+        if not src.is_file():
+            raise SystemExit(f"--whole-file {rel}: no such file in {root}")
+        target = ws / rel
+        target.write_text("", encoding="utf-8")
+        out.append((target, "", [Body(target, 0, 0, src.read_text(encoding="utf-8"))]))
     return ws, out
 
 
@@ -569,8 +585,9 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
     `extra` (--set) applies to every method."""
     name, _, precision = name.partition("@")
     base, _, model = name.partition("+")
-    # -cf: with other files of the repository before the current one (crossFile, opt-in), -cfdefs: with the
-    # definitions selector alone; -nocf: without (the default)
+    # -cf: with other files of the repository before the current one (crossFile, opt-in; its default
+    # selectors), -cfdefs / -cfsib: the definitions / siblings selector alone, -cfall: every selector; -nocf:
+    # without (the default)
     if base == "ceiling":
         raise SystemExit("`ceiling` is now `patient`: a person who waits for each whole suggestion, not a bound on "
                          "what any method can accept (REST out-accepted it once)")
@@ -578,7 +595,10 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
                "rest-noask": {"draftBudget": None}, "rest-nocf": {"draftBudget": None, "crossFile": False},
                "plain-nocf": {"draftBudget": 0, "crossFile": False},
                "rest-cf": {"draftBudget": None, "crossFile": True},
-               "rest-cfdefs": {"draftBudget": None, "crossFile": True, "crossFileSelectors": ["definitions"]}}
+               "rest-cfdefs": {"draftBudget": None, "crossFile": True, "crossFileSelectors": ["definitions"]},
+               "rest-cfsib": {"draftBudget": None, "crossFile": True, "crossFileSelectors": ["siblings"]},
+               "rest-cfall": {"draftBudget": None, "crossFile": True,
+                              "crossFileSelectors": ["definitions", "similar", "recent", "siblings"]}}
     if base not in methods:
         raise SystemExit(f"unknown method {name!r}: one of {', '.join(methods)}, {PEER} (a precision after @)")
     return base, {**methods[base], **extra, **({"precision": precision} if precision else {}),
@@ -613,7 +633,8 @@ async def main_async(args) -> dict:
     root = fetch_project(args.project)
     work = Path(tempfile.mkdtemp(prefix="rest-lsp-typing."))
     try:
-        ws, files = prepare(root, args.files, args.limit, args.seed, work)
+        ws, files = prepare_whole(root, args.whole_file, work) if args.whole_file else \
+            prepare(root, args.files, args.limit, args.seed, work)
         extra = dict(kv.split("=", 1) for kv in args.set)
         extra = {k: parse_value(v) for k, v in extra.items()}
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
@@ -744,6 +765,9 @@ def main(argv=None) -> int:
     p.add_argument("--llama-lines", default=(N_PREFIX, N_SUFFIX),
                    type=lambda v: tuple(int(x) for x in v.split(",")),
                    help=f"lines above,below the cursor the llama.vim client sends (its defaults: {N_PREFIX},{N_SUFFIX})")
+    p.add_argument("--whole-file", action="append", default=[], metavar="PATH",
+                   help="type this file of the project whole, from an empty file (the rest of the project is the "
+                   "workspace), instead of bodies; repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rhythm", choices=sorted(RHYTHMS), default=DEFAULT,
                    help="the person: human (an average typist, lognormal intervals, pauses at words, brackets and "

@@ -61,7 +61,7 @@ class ServerConfig:
     cross_file: bool = False            # other files of the repository before the current one in the prompt
                                         # (opt-in: measured no better for a person typing, docs/crossfile.md)
     cross_file_tokens: int | None = None  # their token budget; None: 512 on a CPU, 2048 elsewhere
-    cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent"])
+    cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent", "siblings"])
     server: dict | None = None          # a team server (rest-lsp team-server, docs/team.md) that decodes instead of
                                         # a local model: "http://host:8000" or {"url", "key" | "keyEnv", "model"}
                                         # (key default: $REST_LSP_TEAM_KEY); `model` still names the tokenizer
@@ -149,7 +149,7 @@ WINDOWS = {"cpu": (3000, 300), "other": (6000, 1500)}
 # The cross-file block's token budget by device: computed once per block in the background, but every
 # decoding step attends over it and the block is computed again whenever it changes (docs/crossfile.md).
 CROSS_FILE_TOKENS = {"cpu": 512, "other": 2048}
-CROSS_FILE_SELECTORS = ("definitions", "similar", "recent")
+CROSS_FILE_SELECTORS = ("definitions", "similar", "recent", "siblings")
 
 
 def cross_file_budget(config: "ServerConfig", device_type: str) -> int:

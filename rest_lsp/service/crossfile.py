@@ -2,7 +2,7 @@
 
 The prompt of a completion starts with a block of other files' snippets and the current file's path
 (rest_lsp/model/prompts.py `repo_block`: Qwen2.5-Coder's `<|repo_name|>`/`<|file_sep|>` layout, path comments
-for other families). Three selectors fill it, each from what the daemon already holds:
+for other families). Four selectors fill it, each from what the daemon already holds:
 
     definitions  the names used near the cursor (called, read, imported; not defined in the current file) looked
                  up by exact token search in the workspace datastore's suffix arrays (indexer/locate.py); the
@@ -14,6 +14,10 @@ for other families). Three selectors fill it, each from what the daemon already 
                  1/occurrences (a rare shared n-gram says more than a common one), the best-voted lines' region
     recent       llama.vim's ring: the region around where the person was, in files they edited, saved or
                  left (up to RING chunks; a chunk that repeats one already held replaces it)
+    siblings     the head of a file beside the current one (the same folder): the module a new file is most
+                 like, its imports and first definitions, which show the folder's pattern before the new file
+                 holds any name to look up: the sibling sharing the most identifiers with the current document,
+                 blended, while the document holds few, with the folder's most typical file
 
 Snippets that repeat the current file's text are dropped, overlapping ones merged, and the best fill the token
 budget; the best goes last, next to the current file. All text comes from the workspace datastore (files the
@@ -28,7 +32,9 @@ and switches to it only when that is done (rest_lsp/service/blocks.py).
 from __future__ import annotations
 
 import builtins
+import functools
 import keyword
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -41,7 +47,7 @@ import numpy as np
 from indexer.secrets import clean
 from rest_lsp.model.prompts import RepoContext
 
-SELECTORS = ("definitions", "similar", "recent")
+SELECTORS = ("definitions", "similar", "recent", "siblings")
 WINDOW_LINES = 24          # the cursor's window: the lines before the cursor (and its line) the selectors read
 MAX_NAMES = 8              # names near the cursor looked up, the nearest first
 FILES_PER_NAME = 6         # files searched for one name's definition
@@ -53,6 +59,9 @@ SIMILAR_LINES = 16         # lines of a similar region
 SIMILAR_MIN_VOTES = 3.0    # a region needs about three rare shared n-grams: one shared phrase is chance
 RING = 16                  # chunks kept in the recent-files ring
 RING_LINES = 16            # lines of a ring chunk
+SIBLING_LINES = 40         # lines of a sibling's head
+SIBLINGS_MAX = 48          # files of a folder compared (the first by name): a huge folder is not read whole
+SIBLING_MIN_NAMES = 12     # identifiers from which the document's likeness alone picks the sibling
 SNIPPET_OVERHEAD = 8       # tokens of a snippet's path line in the block
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `from MODULE import NAMES` (1: module, 2: names) or `import MODULES` (3)
@@ -459,6 +468,47 @@ def select_recent(view: RepoView, cur: Cursor, ring: RecentRing, *, limit: int =
     return out
 
 
+@functools.lru_cache(maxsize=512)   # a sibling's text is the same object while its indexed version is
+def _identifiers(text: str) -> frozenset[str]:
+    return frozenset(n for n in _IDENT.findall(text) if n not in _COMMON and len(n) > 2)
+
+
+def _jaccard(a: frozenset, b: frozenset) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def select_siblings(view: RepoView, cur: Cursor, *, budget: int, limit: int = 1) -> list[Snippet]:
+    """The head of the sibling most like the current document (see the module's docstring), within half the
+    block's budget so that a definition still fits beside it."""
+    if not cur.path:
+        return []
+    folder = str(Path(cur.path).parent) + os.sep
+    paths = sorted(p for p in view.store.documents if p.startswith(folder) and os.sep not in p[len(folder):]
+                   and p != cur.path and not p.endswith(os.sep + "__init__.py"))[:SIBLINGS_MAX]
+    files = {p: got[0] for p in paths if (got := view.text(p)) is not None and got[0].strip()}
+    names = {p: _identifiers(text) for p, text in files.items()}
+    own = _identifiers(cur.text)
+    # the document's likeness weighs more with every name it holds; until it holds a few, the folder's
+    # typical file (the most shared with the others) is the best guess of what it will be like
+    w = min(1.0, len(own) / SIBLING_MIN_NAMES)
+    likeness = {p: w * _jaccard(own, n) + (1 - w) * sum(_jaccard(n, m) for q, m in names.items() if q != p)
+                / max(1, len(names) - 1) for p, n in names.items()}
+    out = []
+    for p in sorted(likeness, key=lambda p: (-likeness[p], p))[:limit]:
+        if likeness[p] <= 0:
+            break
+        head, used = [], SNIPPET_OVERHEAD
+        for line in files[p].split("\n")[:SIBLING_LINES]:
+            used += len(view.encode(line + "\n"))
+            if used > budget // 2:
+                break
+            head.append(line)
+        text = "\n".join(head).rstrip()
+        if text:
+            out.append(Snippet(view.rel(p), 0, len(head), text, "siblings", 1.0))
+    return out
+
+
 def fit(snippets: Sequence[Snippet], budget: int, encode: Callable[[str], list[int]], known: set[str]) -> list[Snippet]:
     """The best snippets within `budget` tokens, without repeats of the current file or of each other,
     ordered for the prompt (the best last)."""
@@ -626,6 +676,8 @@ def select(views: Sequence[RepoView], cur: Cursor, *, budget: int, selectors: Se
             found += select_similar(view, cur)
         if "recent" in selectors and ring is not None:
             found += select_recent(view, cur, ring)
+        if "siblings" in selectors:
+            found += select_siblings(view, cur, budget=budget)
     known = {ln.strip() for ln in cur.text.split("\n") if ln.strip()}
     chosen = fit(found, budget, encode, known)
     path = view.rel(cur.path) if cur.path else "untitled"

@@ -54,6 +54,21 @@ def test_bodies_are_typed_where_they_were_removed(tmp_path):
         assert type_all(opened, bodies) == original
 
 
+def test_a_whole_file_is_typed_from_an_empty_file_among_its_untouched_siblings(tmp_path):
+    root, _, _ = prepared(tmp_path)
+    work = tmp_path / "work-whole"
+    work.mkdir()
+    ws, files = T.prepare_whole(root, ["pkg/beta.py"], work)
+    [(path, opened, [body])] = files
+    assert path == ws / "pkg" / "beta.py" and path.read_text() == opened == ""   # a new module, not missing
+    assert (ws / "pkg" / "alpha.py").read_text() == (root / "pkg" / "alpha.py").read_text()
+    assert type_all(opened, [body]) == (root / "pkg" / "beta.py").read_text()
+    # indentation after a newline is the editor's, not typed
+    assert sum(body.typed_mask) == len(body.text) - sum(len(ln) - len(ln.lstrip(" ")) for ln in body.text.split("\n"))
+    with pytest.raises(SystemExit, match="no-such.py"):
+        T.prepare_whole(root, ["pkg/no-such.py"], tmp_path / "work-bad")
+
+
 def test_acceptable_cuts_at_a_word_boundary():
     assert T.acceptable("return total", "return total\n") == "return total"
     assert T.acceptable("return totally", "return total_sum\n") == "return "  # not half a word

@@ -209,6 +209,40 @@ def test_similar_code_comes_from_the_sibling_modules(repo):
     assert any("ctx.lookup_setting(" in s.text for s in sel.snippets)
 
 
+ODD = '''"""Helpers that share no plugin pattern."""
+import math
+
+
+def spiral_radius(turns, growth_factor):
+    return math.exp(growth_factor * turns)
+
+
+def spiral_points(turns, growth_factor, samples):
+    return [spiral_radius(turns * k / samples, growth_factor) for k in range(samples)]
+'''
+
+
+def test_a_new_file_gets_the_head_of_its_folders_most_typical_sibling_then_of_the_one_most_like_it(repo):
+    root, store, view, enc = repo
+    (root / "pkg" / "plugins" / "odd.py").write_text(ODD)
+    store.update_paths([root / "pkg" / "plugins" / "odd.py"])
+    new = "pkg/plugins/delta.py"   # a new module: nothing in it names anything yet
+    sel = select([view], cursor(root, "", new), budget=400, selectors=["siblings"], ring=None, encode=enc)
+    [sib] = sel.snippets
+    assert sib.selector == "siblings" and sib.path in ("pkg/plugins/alpha.py", "pkg/plugins/beta.py")
+    assert sib.start == 0 and sib.text.startswith("from pkg.registry import Context, register\n\n\n@register(")
+    assert sib.tokens <= 200   # half the budget: a definition still fits beside it
+    # once the document says what it is like, its likeness decides, and never a folder outside its own
+    text = "import math\n\n\ndef spiral_length(turns, growth_factor, samples):\n    radius = spiral_radius("
+    sel = select([view], cursor(root, text, new), budget=400, selectors=["siblings"], ring=None, encode=enc)
+    assert [s.path for s in sel.snippets] == ["pkg/plugins/odd.py"]
+    small = select([view], cursor(root, "", new), budget=40, selectors=["siblings"], ring=None, encode=enc)
+    assert small.tokens <= 20 and (not small.snippets or small.snippets[0].text.count("\n") < sib.text.count("\n"))
+    alone = select([view], cursor(root, "", "pkg/registry_two.py"), budget=400, selectors=["siblings"], ring=None,
+                   encode=enc)
+    assert {s.path for s in alone.snippets} <= {"pkg/registry.py", "pkg/settings.py"}
+
+
 def test_no_secret_and_no_excluded_file_enters_a_block(repo):
     root, store, view, enc = repo
     ring = RecentRing()
@@ -218,6 +252,10 @@ def test_no_secret_and_no_excluded_file_enters_a_block(repo):
     text = CURRENT + "lookup_setting_fast(API_TOKEN, DEFAULT_LEVEL)\n"
     sel = select([view], cursor(root, text), budget=2000, selectors=["definitions", "similar", "recent"],
                  ring=ring, encode=enc)
+    # a new file beside the settings file: its head is masked too
+    beside = select([view], cursor(root, "DEFAULT_LEVEL = 1\n", "pkg/other.py"), budget=2000, selectors=["siblings"], ring=None,
+                    encode=enc)
+    assert [s.path for s in beside.snippets] == ["pkg/settings.py"] and SECRET not in "\n".join(t for _, t in beside.repo.files)
     block = "\n".join(t for _, t in sel.repo.files)
     assert "settings.py" in {Path(p).name for p, _ in sel.repo.files}  # the recent place is there ...
     assert "DEFAULT_LEVEL = 3" in block
@@ -379,3 +417,14 @@ def test_rest_with_the_block_is_exact(daemon):
     rest, rf = decode(None)
     assert rest == plain and len(plain) > 0
     assert pf["prompt_tokens"] == rf["prompt_tokens"] > sel.tokens
+
+
+def test_every_selector_is_a_setting_and_the_default_takes_them_all():
+    from rest_lsp.service import config
+    from rest_lsp.service.crossfile import SELECTORS
+
+    assert config.CROSS_FILE_SELECTORS == SELECTORS   # the daemon's settings name what select() knows
+    assert config.ServerConfig().cross_file_selectors == list(SELECTORS)
+    assert config._coerce("cross_file_selectors", ["siblings"], None) == ["siblings"]
+    with pytest.raises(ValueError, match="siblings"):   # the error lists what is allowed
+        config._coerce("cross_file_selectors", ["neighbours"], None)
