@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from testmodels.gate import gate_env
 from editor_harness import (CALC, PLUGIN, SERVER_CMD, Nvim, make_workspace, missing_editor, neovims, server_env,
                             version, wait_until)
 
@@ -84,10 +85,17 @@ def nvim_id(nvim: str) -> str:
     return "nvim-%d.%d" % version(nvim)
 
 
-def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory, extra: dict | None = None):
+def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory, extra: dict | None = None,
+                  gated: bool = False):
+    """`gated`: the server's runs wait before their prompt while `nv.gate` exists (testmodels/gate.py)."""
     tmp = tmp_path_factory.mktemp("nvim")
     ws = make_workspace(tmp)
-    nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=server_env(tmp), cwd=str(ws))
+    env = server_env(tmp)
+    gate = tmp / "gate"
+    if gated:
+        env.update(gate_env(tmp / "hook", gate, hold_after=0))
+    nv = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n"], env=env, cwd=str(ws))
+    nv.gate = gate
     try:
         nv.lua(SETUP, str(PLUGIN), SERVER_CMD, str(tiny_model), str(tmp / "cache"), native, extra or {})
         nv.command("edit calc.py")
@@ -101,6 +109,7 @@ def start_session(nvim_bin: str, native: bool, tiny_model, tmp_path_factory, ext
                        "nvim.lsp.inline_completion" if nv.native else "rest_lsp_ghost")
         yield nv
     finally:
+        gate.unlink(missing_ok=True)   # a held run would keep the server from shutting down
         nv.close()
 
 
@@ -118,9 +127,10 @@ def native_session(request, tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=neovims()[:1], ids=nvim_id)
 def late_session(request, tiny_model, tmp_path_factory):
-    """A server whose Automatic requests always pass their prompt budget (1 ms, no warm-up while typing)."""
+    """A server whose Automatic requests always pass their prompt budget (1 ms, no warm-up while typing; its runs
+    held at a gate until the test opens it: a tiny model can compute a prompt within the budget)."""
     yield from start_session(request.param, False, tiny_model, tmp_path_factory,
-                             {"promptBudgetMs": 1, "warmUp": False})
+                             {"promptBudgetMs": 1, "warmUp": False}, gated=True)
 
 
 def restart_insert(nv: Nvim, line: int = BLOCK[0]) -> None:
@@ -187,6 +197,9 @@ def test_a_late_suggestion_shows_without_another_key(late_session):
     # have the answer before the first check after that (seen once in a clean-clone run): wait for the model
     wait_until("the model to load", lambda: server_stats(nv)["model"]["state"] == "ready", timeout=120, interval=0.2)
     restart_insert(nv)
+    wait_until("the empty answer", lambda: server_totals(nv)["empty"] >= 1, timeout=60, interval=0.1)
+    assert server_totals(nv)["ready_notices"] == 0
+    nv.gate.unlink()   # the held run computes its prompt and first line now
     nv.wait_for("require('rest_lsp.ghost').current() ~= nil", timeout=120, what="the suggestion after the notice")
     s = state(nv)
     assert (s["cur"]["row"], s["cur"]["col"]) == (BLOCK[0] - 1, BLOCK[1])

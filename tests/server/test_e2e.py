@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
 from e2e_common import SOURCE, wait_for
+from testmodels.gate import gate_env
 
 
 def error_code(exc: JsonRpcException) -> int:
@@ -176,41 +176,13 @@ async def test_bad_input_keeps_the_server_up(session, tiny_model, tmp_path):
     assert rec["outcome"] == "completed" and rec["model_call"] and r.items and r.items[0].insert_text
 
 
-# Loaded into the server process (sitecustomize, on its PYTHONPATH): a run that has decoded REST_LSP_TEST_HOLD_AFTER
-# tokens (0: before its prompt is computed) waits before its next step while the gate file exists, so the test,
-# not the machine's speed or load, decides whether a generation is still running when a request, a cancellation
-# or an edit arrives.
-HOLD_AFTER = 8
-GATE_HOOK = """
-import os, time
-from rest_lsp.service import backend
-
-_advance = backend.EngineBackend.advance
-_gate = os.environ["REST_LSP_TEST_GATE"]
-_hold_after = int(os.environ["REST_LSP_TEST_HOLD_AFTER"])
-
-
-def advance(self, run):
-    while len(run.run.tokens) >= _hold_after and os.path.exists(_gate):
-        open(_gate + ".held", "a").close()   # the test waits for this before it acts on the held run
-        time.sleep(0.005)
-    return _advance(self, run)
-
-
-backend.EngineBackend.advance = advance
-"""
+HOLD_AFTER = 8   # tokens a run of the cancellation test decodes before the gate holds it
 
 
 async def gated_session(start_session, tmp_path: Path, hold_after: int) -> tuple[object, Path]:
-    """A server whose runs wait at the gate file (created here) once they have decoded `hold_after` tokens."""
-    hook, gate = tmp_path / "hook", tmp_path / "gate"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(GATE_HOOK)
-    gate.touch()
-    session = await start_session({"PYTHONPATH": os.pathsep.join(filter(None, [str(hook),
-                                                                                os.environ.get("PYTHONPATH")])),
-                                   "REST_LSP_TEST_GATE": str(gate), "REST_LSP_TEST_HOLD_AFTER": str(hold_after)})
-    return session, gate
+    """A server whose runs wait at the gate file (testmodels/gate.py) once they have decoded `hold_after` tokens."""
+    gate = tmp_path / "gate"
+    return await start_session(gate_env(tmp_path / "hook", gate, hold_after)), gate
 
 
 async def test_cancellation_and_supersession(start_session, tiny_model, tmp_path):
