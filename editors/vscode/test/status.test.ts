@@ -42,8 +42,12 @@ test("summary reads the server's figures", () => {
   assert.equal(s.datastoreTokens, 1_500_000);
 });
 
-test("accepted per step falls back to tokens / steps; unknown shapes give an empty summary", () => {
+test("accepted per step is tokens / steps where both are sent, else the server's figure; unknown shapes give an empty summary", () => {
   assert.equal(summarizeStats({ totals: { tokens: 30, steps: 20 } }).acceptedPerStep, 1.5);
+  // the counts, not the server's rounded figure: 46 / 42 = 1.0952 shows as 1.10, not 1.095 -> 1.09
+  const m = summarizeStats({ totals: { tokens: 46, steps: 42, accepted_per_step: 1.095 } }).acceptedPerStep;
+  assert.equal(m, 46 / 42);
+  assert.equal(m!.toFixed(2), "1.10");
   assert.deepEqual(JSON.parse(JSON.stringify(summarizeStats(null))), {});
   assert.equal(summarizeStats({ totals: { tokens: 5, steps: 0 } }).acceptedPerStep, undefined);
 });
