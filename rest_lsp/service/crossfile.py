@@ -468,9 +468,13 @@ def select_recent(view: RepoView, cur: Cursor, ring: RecentRing, *, limit: int =
     return out
 
 
-@functools.lru_cache(maxsize=512)   # a sibling's text is the same object while its indexed version is
 def _identifiers(text: str) -> frozenset[str]:
     return frozenset(n for n in _IDENT.findall(text) if n not in _COMMON and len(n) > 2)
+
+
+# the indexed files' only (a file's text is one cached object per indexed version, see RepoView.text): the
+# current document is a new text at every selection, and a cache of those would keep hundreds of its versions
+_file_identifiers = functools.lru_cache(maxsize=4 * SIBLINGS_MAX)(_identifiers)
 
 
 def _jaccard(a: frozenset, b: frozenset) -> float:
@@ -486,7 +490,7 @@ def select_siblings(view: RepoView, cur: Cursor, *, budget: int, limit: int = 1)
     paths = sorted(p for p in view.store.documents if p.startswith(folder) and os.sep not in p[len(folder):]
                    and p != cur.path and not p.endswith(os.sep + "__init__.py"))[:SIBLINGS_MAX]
     files = {p: got[0] for p in paths if (got := view.text(p)) is not None and got[0].strip()}
-    names = {p: _identifiers(text) for p, text in files.items()}
+    names = {p: _file_identifiers(text) for p, text in files.items()}
     own = _identifiers(cur.text)
     # the document's likeness weighs more with every name it holds; until it holds a few, the folder's
     # typical file (the most shared with the others) is the best guess of what it will be like
