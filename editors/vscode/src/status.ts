@@ -53,14 +53,13 @@ export function summarizeStats(stats: unknown): StatsSummary {
   out.requests = num(pick(totals, "requests", "completions"));
   // from the counts where the server sends them: its own figure is rounded (to 3 places), and rounding that
   // again for the bar can show 1.09 for 46 tokens in 42 steps (1.0952)
-  const perStepTokens = num(pick(totals, "tokens", "generatedTokens"));
-  const perStepSteps = num(pick(totals, "steps", "modelSteps"));
-  out.acceptedPerStep = perStepTokens !== undefined && perStepSteps
-    ? perStepTokens / perStepSteps
+  const tokens = num(pick(totals, "tokens", "generatedTokens"));
+  const steps = num(pick(totals, "steps", "modelSteps"));
+  out.acceptedPerStep = tokens !== undefined && steps
+    ? tokens / steps
     : num(pick(totals, "acceptedPerStep", "meanAcceptedPerStep", "acceptedTokensPerStep"));
   out.tokensPerSecond = num(pick(totals, "tokensPerSecond", "tokensPerS"));
   if (out.tokensPerSecond === undefined) {
-    const tokens = num(pick(totals, "tokens", "generatedTokens"));
     // The server reports model time split into retrieval and forward passes.
     const ms = (num(pick(totals, "forwardMs")) ?? 0) + (num(pick(totals, "retrievalMs")) ?? 0);
     if (tokens !== undefined && ms > 0) out.tokensPerSecond = (tokens * 1000) / ms;
