@@ -66,9 +66,11 @@ MAX_ATTEMPTS = 3  # measurements per start before the choice is used as provisio
 # a machine that is never quiet must not pay the measurement on every start; the live check still applies
 MAX_PROVISIONAL = 3
 
-# The live check (LiveCheck): decoding steps of at most LIVE_MAX_DRAFT draft nodes cost about one row's forward
-# on a CPU (c(4) is within a few per cent of c(1) there, docs/cpu.md), so their median over LIVE_WINDOW steps
-# is compared with the cached step figure of the precision in use.
+# The live check (LiveCheck): decoding steps of at most LIVE_MAX_DRAFT draft nodes, each brought to one row's
+# cost through the engine's calibrated c(q), and their median over LIVE_WINDOW steps compared with the cached
+# step figure of the precision in use. Not every CPU path has c(4) near c(1): the packed verifiers do (docs/cpu.md),
+# int4w through torch's kernel on a Zen4 EPYC without AMX had c(4) = 1.47 c(1), so raw live steps read 1.56-2.11x
+# the 1-row figure and re-measured the 1.5B's precision during typing (docs/results/typing.md, 2026-12-04).
 LIVE_WINDOW = 50
 LIVE_MAX_DRAFT = 3
 LIVE_SLOWER = 1.5  # live steps this much slower than measured: the measurement does not hold now
@@ -475,10 +477,14 @@ class LiveCheck:
         self.action: str | None = None  # "pending" | "measuring" | "measured" | "failed" | "reported only"
         self.remeasured: dict | None = None
 
-    def observe(self, forward_ms: Sequence[float], draft_sizes: Sequence[int]) -> bool:
-        """One run's decoding steps; True when this made a re-measurement due."""
+    def observe(self, forward_ms: Sequence[float], draft_sizes: Sequence[int],
+                cost: Callable[[int], float] | None = None) -> bool:
+        """One run's decoding steps; True when this made a re-measurement due. `cost`: the engine's c(q) at the
+        precision in use, which scales a step of q rows to one row's cost (None: steps taken as they are)."""
         for ms, drafted in zip(forward_ms, draft_sizes):
             if drafted <= LIVE_MAX_DRAFT:
+                if cost is not None and cost(drafted + 1) > 0:
+                    ms = ms * cost(1) / cost(drafted + 1)
                 self.steps.append(ms)
                 self.seen += 1
                 self._new += 1

@@ -233,7 +233,7 @@ class EngineBackend:
             self.engine.stop(run.run, reason)
         if self.precision_check is not None and not run.observed:
             run.observed = True
-            self.precision_check.observe(run.run.result.forward_ms, run.run.result.draft_sizes)
+            self.precision_check.observe(run.run.result.forward_ms, run.run.result.draft_sizes, self.engine.cost)
         if run.run.config.max_new_tokens:
             self.save_history(force=False)
 

@@ -178,6 +178,23 @@ def test_live_steps_that_agree_change_nothing(tiny, cpu):
     assert not precision.needs_measuring(precision.read_cached(precision.cache_file(tiny.name)))
 
 
+def test_live_steps_with_drafts_are_judged_at_one_rows_cost(tiny, cpu):
+    """int4w through torch's kernel on a Zen4 EPYC: c(4) = 1.47 c(1). Steps of 3 draft nodes at their calibrated
+    cost (x1.1 of jitter) are no disagreement; the same steps read as one-row steps would be (1.62x)."""
+    from rest_lsp.engine.cost import CostModel
+    from rest_lsp.model import precision
+
+    _, data = _settle(tiny, precision, {"fp32": [72.0], "bf16": [99.0]})
+    cost = CostModel([1, 2, 3, 4, 5], [72.0, 72.0, 95.0, 106.0, 180.0])
+    w = precision.LIVE_WINDOW
+    live = [1.1 * cost(4)] * w
+    check = precision.LiveCheck(tiny.name, data)
+    assert not check.observe(live, [3] * w, cost)
+    assert check.verdict == "agrees" and check.live_step_ms == round(1.1 * 72.0, 1)
+    unscaled = precision.LiveCheck(tiny.name, data)
+    assert unscaled.observe(live, [3] * w) and unscaled.verdict == "disagrees" and "1.62x" in unscaled.reason
+
+
 def test_disagreement_reasons():
     from rest_lsp.model.precision import disagreement
 
