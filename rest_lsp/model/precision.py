@@ -52,8 +52,14 @@ STEPS = 6  # one-token steps timed by time_forwards (the median counts)
 STEPS_PER_COMPLETION = 8
 # 2: an "int8" entry and choice (INT8_QUALITY); 3: "int8w" (INT8W_QUALITY); 4: interleaved rounds, settled or
 # provisional (a version-3 figure may have been taken under load: measured again); 5: the prompt chunk sent as
-# the engine's prefill sends it (`prompt=True`: attention in the model's dtype where trees attend in float64)
-MEASURE_VERSION = 5
+# the engine's prefill sends it (`prompt=True`: attention in the model's dtype where trees attend in float64);
+# 6: after MEASURE_CONTEXT cached tokens, not 300
+MEASURE_VERSION = 6
+# cached tokens before the timed chunk and steps: what a typing prompt holds (3,000 characters before the cursor,
+# about 900 tokens, and the cross-file block). A step's cost grows with it, and not alike for every precision:
+# the 1.5B at int4w through torch's kernel (a Zen4 EPYC) 66.6 ms after 300 tokens, 82.5 after 1,200, 99.0
+# after 2,000, the 0.5B at bf16 53.8 / 56.4 / 52.9; the 1.5B's live steps read 1.5x its 300-token figure
+MEASURE_CONTEXT = 1024
 
 ROUNDS = 3  # interleaved rounds per measurement (ABC CBA ABC)
 ROUND_STEPS = 3  # one-token steps per candidate per round (their median is the round's step figure)
@@ -149,15 +155,21 @@ def forward_timer(verifier, vocab_size: int) -> Callable[..., float]:
     return forward
 
 
+def measure_context(verifier) -> int:
+    """MEASURE_CONTEXT, or less where the verifier's cache holds less (a tiny test model)."""
+    room = getattr(verifier, "max_len", None)
+    return MEASURE_CONTEXT if room is None else max(1, min(MEASURE_CONTEXT, room - 2 * PROMPT_CHUNK))
+
+
 def time_forwards(verifier, vocab_size: int) -> dict:
-    """ms of one 64-token prompt chunk after 300 cached tokens, and of one-token steps (median)."""
-    forward = forward_timer(verifier, vocab_size)
+    """ms of one 64-token prompt chunk after MEASURE_CONTEXT cached tokens, and of one-token steps (median)."""
+    forward, past = forward_timer(verifier, vocab_size), measure_context(verifier)
 
     verifier.truncate(0)
-    forward(300, rows=[299])
+    forward(past, rows=[past - 1])
     forward(1)  # first-call overheads
     chunk = min(forward(PROMPT_CHUNK, rows=[PROMPT_CHUNK - 1]) for _ in range(2))
-    verifier.truncate(300)
+    verifier.truncate(past)
     steps = sorted(forward(1) for _ in range(STEPS))
     verifier.truncate(0)
     return {"prompt_chunk_ms": round(chunk, 1), "prompt_ms_per_token": round(chunk / PROMPT_CHUNK, 2),
@@ -202,21 +214,21 @@ QUANTIZED = ("int8", "int8w", "int4w")
 
 
 def round_timer(name: str, verifier, vocab_size: int) -> Callable[[], dict]:
-    """Prepares `verifier` (300 cached tokens; the first calls of both shapes paid) and returns one round's
-    timing of it: {"prompt_chunk_ms": a 64-token chunk after the 300 tokens, "step_ms": the median of
+    """Prepares `verifier` (MEASURE_CONTEXT cached tokens; the first calls of both shapes paid) and returns one
+    round's timing of it: {"prompt_chunk_ms": a 64-token chunk after those tokens, "step_ms": the median of
     ROUND_STEPS one-token steps}. `name` is the candidate's, for a timer standing in for this one (tests)."""
-    forward = forward_timer(verifier, vocab_size)
+    forward, past = forward_timer(verifier, vocab_size), measure_context(verifier)
 
     verifier.truncate(0)
-    forward(300, rows=[299])
+    forward(past, rows=[past - 1])
     forward(PROMPT_CHUNK, rows=[PROMPT_CHUNK - 1])  # a shape's first call pays one-time overheads
-    verifier.truncate(300)
+    verifier.truncate(past)
     forward(1)
 
     def one_round() -> dict:
-        verifier.truncate(300)
+        verifier.truncate(past)
         chunk = forward(PROMPT_CHUNK, rows=[PROMPT_CHUNK - 1])
-        verifier.truncate(300)
+        verifier.truncate(past)
         steps = sorted(forward(1) for _ in range(ROUND_STEPS))
         return {"prompt_chunk_ms": chunk, "step_ms": steps[len(steps) // 2]}
 

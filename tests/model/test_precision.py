@@ -127,11 +127,11 @@ def test_judge_takes_medians_and_flags_rounds_that_disagree():
 
 
 def test_older_figures_are_measured_again(tiny, cpu):
-    """A figure cached by the one-shot measurement (v3) may have been taken under load, and one of v4 timed its
-    prompt chunk on the float64 attention of tree rows: the key changed."""
+    """A figure cached by the one-shot measurement (v3) may have been taken under load, one of v4 timed its
+    prompt chunk on the float64 attention of tree rows, one of v5 after 300 cached tokens: the key changed."""
     from rest_lsp.model import precision
 
-    assert precision.MEASURE_VERSION >= 5 and "-v5" in precision.cache_file(tiny.name).name
+    assert precision.MEASURE_VERSION >= 6 and "-v6" in precision.cache_file(tiny.name).name
 
 
 # ---- the live check --------------------------------------------------------------------------------
@@ -193,6 +193,35 @@ def test_live_steps_with_drafts_are_judged_at_one_rows_cost(tiny, cpu):
     assert check.verdict == "agrees" and check.live_step_ms == round(1.1 * 72.0, 1)
     unscaled = precision.LiveCheck(tiny.name, data)
     assert unscaled.observe(live, [3] * w) and unscaled.verdict == "disagrees" and "1.62x" in unscaled.reason
+
+
+class _CountingVerifier:
+    """Records how many tokens each forward found cached (what a step's cost grows with)."""
+
+    def __init__(self, max_len):
+        self.max_len, self.cached, self.seen = max_len, 0, []
+
+    def truncate(self, n):
+        self.cached = n
+
+    def forward(self, tokens, positions, mask, rows=None, prompt=False):
+        self.seen.append((self.cached, len(tokens), prompt))
+        self.cached += len(tokens)
+
+
+def test_steps_and_chunks_are_timed_after_a_typing_prompts_worth_of_tokens():
+    from rest_lsp.model import precision
+
+    v = _CountingVerifier(max_len=4096)
+    one_round = precision.round_timer("bf16", v, vocab_size=50)
+    v.seen.clear()
+    one_round()
+    c = precision.MEASURE_CONTEXT
+    assert c >= 1000 and v.seen == [(c, precision.PROMPT_CHUNK, True)] + [(c + i, 1, False)
+                                                                     for i in range(precision.ROUND_STEPS)]
+    small = _CountingVerifier(max_len=512)  # a tiny test model's cache: the context shrinks to fit
+    precision.round_timer("bf16", small, vocab_size=50)()
+    assert max(past + n for past, n, _ in small.seen) <= 512 and small.seen[1][0] == 512 - 2 * precision.PROMPT_CHUNK
 
 
 def test_disagreement_reasons():
