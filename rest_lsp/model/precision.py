@@ -305,7 +305,8 @@ def _candidate(loaded_fp32, name: str, timer: Timer) -> Callable[[], dict]:
 
     model = loaded_fp32 if name == "fp32" else _convert(copy.deepcopy(loaded_fp32.model), name,
                                                                   getattr(loaded_fp32, "gguf", None))
-    return timer(name, make_verifier_or_eager(model, "auto", max_len=512), loaded_fp32.vocab_size)
+    return timer(name, make_verifier_or_eager(model, "auto", max_len=MEASURE_CONTEXT + 2 * PROMPT_CHUNK),
+                 loaded_fp32.vocab_size)
 
 
 def measure(loaded_fp32, names: Sequence[str], *, timer: Timer | None = None) -> Generator[None, None, dict]:

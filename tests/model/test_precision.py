@@ -224,6 +224,20 @@ def test_steps_and_chunks_are_timed_after_a_typing_prompts_worth_of_tokens():
     assert max(past + n for past, n, _ in small.seen) <= 512 and small.seen[1][0] == 512 - 2 * precision.PROMPT_CHUNK
 
 
+def test_the_candidates_verifiers_hold_the_measuring_context(tiny, cpu):
+    """The candidates were built with a 512-token cache, which cut the measuring context to 384 silently."""
+    from rest_lsp.model import precision
+
+    seen = {}
+
+    def timer(name, verifier, vocab_size):
+        seen[name] = precision.measure_context(verifier)
+        return lambda: {"prompt_chunk_ms": 10.0, "step_ms": 5.0}
+
+    precision.run_to_end(precision.measure(tiny, ["fp32", "bf16"], timer=timer))
+    assert seen == {"fp32": precision.MEASURE_CONTEXT, "bf16": precision.MEASURE_CONTEXT}
+
+
 def test_disagreement_reasons():
     from rest_lsp.model.precision import disagreement
 
