@@ -495,8 +495,11 @@ def select_siblings(view: RepoView, cur: Cursor, *, budget: int, limit: int = 1)
     # the document's likeness weighs more with every name it holds; until it holds a few, the folder's
     # typical file (the most shared with the others) is the best guess of what it will be like
     w = min(1.0, len(own) / SIBLING_MIN_NAMES)
-    likeness = {p: w * _jaccard(own, n) + (1 - w) * sum(_jaccard(n, m) for q, m in names.items() if q != p)
-                / max(1, len(names) - 1) for p, n in names.items()}
+
+    def typical(p: str, n: frozenset) -> float:  # mean likeness to the folder's other files: n^2 set operations
+        return sum(_jaccard(n, m) for q, m in names.items() if q != p) / max(1, len(names) - 1)
+
+    likeness = {p: w * _jaccard(own, n) + ((1 - w) * typical(p, n) if w < 1 else 0.0) for p, n in names.items()}
     out = []
     for p in sorted(likeness, key=lambda p: (-likeness[p], p))[:limit]:
         if likeness[p] <= 0:
