@@ -49,7 +49,8 @@ no suggestionReady capability, so no asking again, and no pause at a body's star
 as simple editor plugins do, beside this project's clients (`:project`, the default; `--client plain` makes plain
 the default). And it may carry a source tree, `rest,rest~before --tree before=DIR`: the method served by the code
 checked out at DIR (`git worktree add DIR COMMIT`), so that a change is measured against the code before it in
-one run.
+one run. Settings of its own follow in brackets, `rest,rest[predictBudgetMs=30]` (`;` between two): a setting
+against the default in one run.
 """
 from __future__ import annotations
 
@@ -582,7 +583,9 @@ def parse_value(v: str):
 def method_options(name: str, extra: dict) -> tuple[str, dict]:
     """A method's name without its model and precision, and its server settings: `rest@int8w` is REST with
     `precision: int8w`, `rest+qwen2.5-coder-1.5b@bf16` REST with that model (the `model` setting) in bf16;
-    `extra` (--set) applies to every method."""
+    `extra` (--set) applies to every method; settings in brackets apply to this method alone, after `extra`:
+    `rest[predictBudgetMs=30;maxLines=1]` beside `rest` compares a setting within one run."""
+    name, own = method_settings(name)
     name, _, precision = name.partition("@")
     base, _, model = name.partition("+")
     # -cf: with other files of the repository before the current one (crossFile, opt-in; its default
@@ -601,8 +604,20 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
                               "crossFileSelectors": ["definitions", "similar", "recent", "siblings"]}}
     if base not in methods:
         raise SystemExit(f"unknown method {name!r}: one of {', '.join(methods)}, {PEER} (a precision after @)")
-    return base, {**methods[base], **extra, **({"precision": precision} if precision else {}),
+    return base, {**methods[base], **extra, **own, **({"precision": precision} if precision else {}),
                   **({"model": model} if model else {})}
+
+
+def method_settings(name: str) -> tuple[str, dict]:
+    """A method's name without its bracketed settings, and those settings (values read as JSON where they
+    parse): `rest@bf16[predictBudgetMs=30]` -> ("rest@bf16", {"predictBudgetMs": 30})."""
+    m = re.fullmatch(r"(.*)\[(.*)\]", name)
+    if m is None:
+        return name, {}
+    pairs = [kv for kv in m.group(2).split(";") if kv]
+    if any("=" not in kv for kv in pairs):
+        raise SystemExit(f"settings in {name!r} must be KEY=VALUE, separated by ';'")
+    return m.group(1), {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in pairs)}
 
 
 def method_tree(name: str, trees: dict[str, Path]) -> tuple[str, Path | None]:

@@ -176,6 +176,14 @@ def test_a_method_may_carry_its_precision():
         T.method_options("fast@fp32", {})
 
 
+def test_a_method_may_carry_its_own_settings():
+    assert T.method_options("rest@bf16[predictBudgetMs=30;maxLines=1]", {"maxLines": 3, "maxTokens": 16}) == \
+        ("rest", {"draftBudget": None, "maxLines": 1, "maxTokens": 16, "predictBudgetMs": 30, "precision": "bf16"})
+    assert T.method_options("plain[crossFile=true]", {}) == ("plain", {"draftBudget": 0, "crossFile": True})
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        T.method_options("rest[predictBudgetMs]", {})
+
+
 def test_a_method_may_carry_the_source_tree_that_serves_it(tmp_path):
     trees = {"before": tmp_path}
     assert T.method_tree("rest@bf16~before", trees) == ("rest@bf16", tmp_path)
