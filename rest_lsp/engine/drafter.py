@@ -55,17 +55,22 @@ class Drafter:
         return bool(self.sources)
 
     # ---- one step ---------------------------------------------------------------------------------
-    def draft(self, context: Sequence[int], budget: int | None, cost: CostModel | None = None) -> DraftTree:
+    def draft(self, context: Sequence[int], budget: int | None, cost: CostModel | None = None, *,
+              rows_before: int = 0, max_nodes: int | None = None) -> DraftTree:
         """The tree after `context` (its last token decided, not yet verified; a list, or the engine's int64
         array). budget: draft nodes, or None to choose per step from c(q) (`cost`); never more than
         max_draft_nodes (the engine reserves cache room for that many, and int8w's products are exact up to
-        it: rest_lsp/model/int8weight.py)."""
+        it: rest_lsp/model/int8weight.py), nor than max_nodes. rows_before: rows the same forward computes
+        before the tree (the prompt's last tokens: the engine's first step), so a tree of q rows costs
+        c(rows_before + q)."""
         limit = self.max_draft_nodes if budget is None else min(budget, self.max_draft_nodes)
+        if max_nodes is not None:
+            limit = min(limit, max_nodes)
         if not self.sources or limit <= 0:
             return DraftTree.single(int(context[-1]))
         if budget is None and cost is None:
             raise ValueError("an automatic draft budget needs the verification cost c(q)")
-        costs = cost.upto(limit + 1) if budget is None else _NO_COSTS
+        costs = cost.upto(rows_before + limit + 1)[rows_before:] if budget is None else _NO_COSTS
         out = self._step(context, limit, costs, self.calibration.scale())
         self.acceptance.remember(self.last_trie, out[8])
         return draft_tree(out[9:], self.names)

@@ -6,6 +6,9 @@
             prefill               a chunk of the prompt the KV cache lacks (a pooled state of an earlier
                                   prompt with the longest shared prefix is brought back first); the last
                                   chunk's logits give the first new token (the pending root)
+            first step            a prompt that lacks only a few tokens (a key typed) has them computed in
+                                  the forward that verifies the first draft tree, rooted at its last token:
+                                  the first suggestion costs one forward, not a prefill and then a step
             decode step           draft = trie of the sources' continuations of context + root
                                   tree  = root + the nodes worth their verification cost
                                   logits = verifier.forward(tree)     one forward, tree attention mask
@@ -49,6 +52,11 @@ PREFILL_CHUNK = 256
 # typing at the cursor, whose old tail is worth nothing.
 SAVE_MIN_TOKENS = 32
 SAVE_BIG_TOKENS = 256
+# A prompt lacking at most this many tokens has them computed in its first step's forward (`_first_step`), on the
+# exact path as tree rows, with plain decoding (a one-node tree) and REST alike; a longer rest is a prefill on
+# the prompt path (not row-invariant, cheaper per token), then steps. A key typed leaves a few tokens (16 a key
+# in bench_typing's human rhythm, a median of fewer), where a forward of 32 rows costs little more than one.
+FIRST_STEP_TOKENS = 32
 
 
 @dataclass
@@ -167,6 +175,7 @@ class Engine:
         rows = min((int(m.MAX_ROWS) for m in self.model.modules() if hasattr(m, "MAX_ROWS")), default=None)
         if rows is not None:
             max_draft_nodes = min(max_draft_nodes, rows - 1)
+        self.max_rows: int | None = rows
         self.drafter = Drafter(sources, max_draft_nodes=max_draft_nodes, draft_len=draft_len,
                                acceptance_lr=acceptance_lr, vocab_size=self.vocab_size)
         if self.drafter:  # the drafting's compiled loops now, not in the first completion (seconds, once)
@@ -255,6 +264,8 @@ class Engine:
         whole = n == len(run.prompt) and self._logits is not None  # a warm-up computed this very prompt
         if run.forwards == 0:  # the last token is computed again unless its logits were kept
             run.result.reused_tokens = n if whole else min(n, len(run.prompt) - 1)
+        if not whole and self._first_step_fits(run, n):
+            return self._first_step(run, n, t0)
         logits = self._logits if whole else self._fill(run.prompt, n, run)
         run.result.prefill_s += time.perf_counter() - t0
         if logits is None:
@@ -268,6 +279,84 @@ class Engine:
             self.drafter.observe([first])
         self._check(run)
         return [first]
+
+    def _first_step_fits(self, run: Run, n: int) -> bool:
+        """Whether the prompt's missing tokens (the cache holds n) are computed with the first draft tree: a
+        rule of the prompt, the cache and the configuration only, never of the draft, so that REST and plain
+        decoding compute the same rows on the same path. Greedy runs only (the forced text's constrained picks
+        walk the tree there); the whole forward within a quantized model's exact rows."""
+        cfg = run.config
+        missing = len(run.prompt) - min(n, len(run.prompt) - 1)
+        rows = self.max_rows if self.max_rows is not None else FIRST_STEP_TOKENS + self.drafter.max_draft_nodes + 1
+        return (cfg.temperature <= 0 and cfg.max_new_tokens > 0
+                and missing <= min(FIRST_STEP_TOKENS, run.chunk, rows - 1))
+
+    def _first_step(self, run: Run, n: int, t0: float) -> list[int]:
+        """One forward: the prompt's missing tokens as a chain, then the draft tree rooted at the prompt's last
+        token, whose row gives the first new token (as a prefill's last row would, on the exact path). A key
+        typed is answered after one forward instead of a prefill and then a step."""
+        prompt = run.prompt
+        if n == len(prompt):  # all cached but the last token's logits: compute that token again
+            n -= 1
+            self._truncate(n)
+        chain = prompt[n:-1]
+        k = len(chain)
+        self._follow(run, new=True)
+        budget = run.config.draft_budget
+        cost = self.cost_model() if budget is None and self.drafter else None
+        t1 = time.perf_counter()
+        max_nodes = None if self.max_rows is None else self.max_rows - k - 1
+        tree = self.drafter.draft(run.ids(), budget, cost, rows_before=k, max_nodes=max_nodes)  # root: prompt[-1]
+        t2 = time.perf_counter()
+        device = self.verifier_device
+        tokens, depths, tree_mask = tree.tensors(device)
+        q = k + len(tree)
+        mask = torch.zeros(q, q, dtype=torch.bool, device=device)
+        mask[:k, :k] = chain_mask(k, device)  # the chain's rows see what precedes them
+        mask[k:, :k] = True  # the tree's rows the whole chain, then their ancestors
+        mask[k:, k:] = tree_mask
+        logits = self.verifier.forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
+                                       torch.cat([torch.arange(k, device=device), depths + k]), mask,
+                                       rows=range(k, q))  # [len(tree), V]: the tree's rows
+        path, nxt = self._walk(tree, logits, run)
+        self.verifier.keep(list(range(k)) + [k + i for i in path])
+        new = [tree.tokens[i] for i in path[1:]] + [nxt]
+        run.out = list(new)
+        run.forwards += 1
+        run.computed += k + 1
+        # the logits after the last token kept, as a prefill keeps them: a run of this very prompt (a request
+        # stopped after this forward and asked again) starts from them without a forward
+        last = path[-1]
+        self._cached, self._logits, self._scorer = prompt + run.out[:-1], logits[last].clone(), \
+            self.verifier.row_scorer(last)
+        res = run.result
+        res.steps, res.accepted = 1, [len(path)]
+        for i in path[1:]:
+            res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
+        self.drafter.record(tree, path)
+        self.drafter.observe_forward(tree, logits)
+        self.drafter.observe(new)
+        res.prefill_s += time.perf_counter() - t0  # (the first tokens are known after it: a prefill's time)
+        log.debug("first step: %d prompt tokens with %d draft nodes in %.1f ms (drafting %.1f)", k + 1, len(tree) - 1,
+                  (time.perf_counter() - t2) * 1000, (t2 - t1) * 1000)
+        self._check(run)
+        return new
+
+    def _walk(self, tree: DraftTree, logits: torch.Tensor, run: Run) -> tuple[list[int], int]:
+        """The accepted path and the next token, spelling the forced text: while some of it is left, each node's
+        token is the pick among the tokens that agree with it (exact scores), as plain decoding picks it."""
+        if not run.forced:
+            return self._accept(tree, logits, run)
+        kids, path = tree.children(), [0]
+        while True:
+            node = path[-1]
+            tok = self._pick(logits[node], self.verifier.row_scorer(node), run) if run.forced \
+                else int(logits[node].argmax())
+            self._spell(run, [tok])
+            child = kids[node].get(tok)
+            if child is None:
+                return path, tok
+            path.append(child)
 
     def _decode_step(self, run: Run) -> list[int]:
         t0 = time.perf_counter()

@@ -149,7 +149,7 @@ def test_automatic_budget_follows_the_cost_curve():
     from ._models import ScriptedSource, plain_greedy, random_prompt
 
     model = tiny_model("qwen2", 1)
-    prompt = random_prompt(21, 10)
+    prompt = random_prompt(21, 40)  # longer than FIRST_STEP_TOKENS: prefilled, every tree in a step of its own
     ref = plain_greedy(model, prompt, 30)
     steep = CostModel([1, 2, 64], [10.0, 40.0, 5000.0])  # a second token costs 4x: never worth it
     flat = CostModel([1, 64], [10.0, 10.0])

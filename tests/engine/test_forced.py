@@ -84,6 +84,28 @@ def test_forced_text_through_the_fast_verifiers(lm, kind):
     assert want == reference(lm, prompt, " if", N)  # fp32: the same as the transformers model
 
 
+@pytest.mark.parametrize("verifier", ["hf", "packed"])
+@pytest.mark.parametrize("forced", [" re", "  def", " "])
+def test_forced_text_in_a_first_step_walks_the_drafts_exactly(lm, forced, verifier):
+    """A key typed inside a word: the cache holds the prompt but its last tokens, which the first step computes
+    with the draft tree; while the forced text is left, each node's token is the constrained pick, and drafts
+    that spell it are accepted in that one forward."""
+    from rest_lsp.model.verifiers import make_verifier
+    from tests.engine._models import ScriptedSource
+
+    prompt = lm.build_prompt("import json\n\n\ndef load(path):\n    with open(path) as f:\n", "\n")
+    ref = reference(lm, prompt, forced, N)
+    engine = Engine(lm, [(ScriptedSource(prompt + ref, vocab=lm.model.config.vocab_size), 1.0)], eos_token_ids=[],
+                    verifier=None if verifier == "hf" else make_verifier(lm, verifier, max_len=512))
+    engine.generate(prompt[:-3], GenerationConfig(max_new_tokens=0))
+    run = engine.start(prompt, GenerationConfig(max_new_tokens=N, draft_budget=6, forced_text=forced))
+    first = engine.advance(run)
+    assert len(first) == 7 and first == ref[:7]  # the root's row, then the six drafted nodes, then the next
+    while not run.done:
+        engine.advance(run)
+    assert run.result.tokens == ref and run.result.text.startswith(forced)
+
+
 @pytest.mark.parametrize("text", [" ", "  ", " r", "re", "ret", " self", "x.it", "\n    "])
 def test_agreeing_ids_are_the_tokens_that_start_or_begin_the_text_asked_twice(lm, text):
     from rest_lsp.engine.vocab import VocabIndex

@@ -67,13 +67,13 @@ def test_prefill_chunks_are_sent_as_prompt_chunks_and_steps_are_not():
     from rest_lsp.engine.verifier import HFVerifier
 
     model = tiny_model("qwen2", 3)
-    prompt = random_prompt(14, 120)
+    prompt = random_prompt(14, 150)  # three chunks of 50, the last longer than FIRST_STEP_TOKENS
     recorder = _Recording(HFVerifier(model))
     engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[], verifier=recorder)
     engine.prefill_chunk = 50
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4))
     assert res.tokens == plain_greedy(model, prompt, N)
-    assert recorder.calls[:3] == [(50, True), (50, True), (20, True)]
+    assert recorder.calls[:3] == [(50, True), (50, True), (50, True)]
     steps = recorder.calls[3:]
     assert steps and not any(p for _, p in steps)
     assert any(q > 1 for q, _ in steps)  # draft trees were verified, not only single rows
