@@ -35,7 +35,9 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def prompt_row(p: BenchPrompt, run: Run, ar: Run | None, prompt_ids: Sequence[int] = ()) -> dict:
-    decode_tokens = max(0, len(run.tokens) - 1)  # the prefill yields the first token
+    # the first forward (a prefill, or a first step: rest_lsp/engine/generate.py) yields the first token(s),
+    # counted with the prefill's time
+    decode_tokens = max(0, len(run.tokens) - run.first_tokens)
     decode_steps = max(0, run.steps - 1)
     return {
         "id": p.id,

@@ -37,6 +37,7 @@ class Run:
     retrieval_ms: list[float] = field(default_factory=list)  # drafting time per decoding step
     draft_nodes: list[int] = field(default_factory=list)  # draft nodes verified per decoding step
     accepted_sources: dict[str, int] = field(default_factory=dict)
+    first_tokens: int = 1  # tokens the first forward decided: 1 after a prefill, more after a first step
 
 
 class SharedVerifier:
@@ -98,7 +99,7 @@ class EngineMethod:
         res = self.engine.generate(list(prompt_ids), cfg)
         return Run(list(res.tokens), res.prefill_s + res.decode_s, res.prefill_s, res.steps, res.stop_reason,
                    list(res.retrieval_ms) if self.sources else [], list(res.draft_sizes),
-                   dict(res.accepted_sources))
+                   dict(res.accepted_sources), res.accepted[0] if res.accepted else 0)
 
 
 class _StepClock:

@@ -205,7 +205,9 @@ class Step:
 
 
 def replay_one(rec: Record, drafter, budget: int | None, cost) -> list[Step]:
-    """Every decoding step of a greedy speculative run on this record (the prefill not included).
+    """Every decoding step of a greedy speculative run on this record (the prefill not included), its prompt
+    prefilled in full: a prompt the engine's cache holds but for at most FIRST_STEP_TOKENS tokens starts with a
+    first step that drafts too (rest_lsp/engine/generate.py), which a replay does not model.
 
     Mirrors `Engine.advance` (drafter: a rest_lsp.engine.Drafter; cost: c(q) for an automatic budget): stop
     before a step once the output holds the end token or the length

@@ -254,6 +254,7 @@ def test_replay_exact_when_an_end_token_stops_the_run(tiny_lm, records, corpus_d
     engine = Engine(lm, make_sources(spec), cost=COST, eos_token_ids=[end])
     for _ in range(2):  # the second time the history source knows the whole output
         steps = replay_one(rec, drafter, None, COST)
+        engine.reset_cache()  # a prompt prefilled in full, as replays mirror (not the first step of a cached one)
         res = engine.generate(rec.prompt_ids, GenerationConfig(max_new_tokens=40))
         assert res.tokens == rec.greedy and res.stop_reason == "eos"
         assert [s.emitted for s in steps] == res.accepted[1:]

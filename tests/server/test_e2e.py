@@ -101,7 +101,8 @@ async def test_completion_workspace_cache_config(session, tiny_model, tmp_path):
     st = await session.stats()
     assert st["recent"][-1]["outcome"] in ("cache", "reused")  # the prediction may still be decoding
     assert st["totals"]["model_calls"] == calls
-    assert again.items[0].insert_text == shown[1:].rstrip()
+    # the rest of what was shown, continued where the first answer was cut at the predict budget
+    assert again.items[0].insert_text.startswith(shown[1:].rstrip())
 
     # selectedCompletionInfo: the answer extends the selected item and replaces its range
     sel_doc = (ws / "sel.py").as_uri()
