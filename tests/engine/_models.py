@@ -64,3 +64,17 @@ class ScriptedSource(DraftSource):
 
     def observe(self, tokens):
         self.observed.extend(tokens)
+
+
+class Recording:
+    """A verifier that records, per forward, its row count and whether it was sent as a prompt chunk."""
+
+    def __init__(self, verifier):
+        self.verifier, self.calls = verifier, []
+
+    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
+        self.calls.append((len(tokens), prompt))
+        return self.verifier.forward(tokens, depths, tree_mask, rows=rows, prompt=prompt)
+
+    def __getattr__(self, name):
+        return getattr(self.verifier, name)

@@ -6,23 +6,9 @@ from rest_lsp.engine import ContextSource, Engine, GenerationConfig
 from rest_lsp.engine.generate import FIRST_STEP_TOKENS
 from rest_lsp.engine.verifier import HFVerifier
 
-from ._models import ScriptedSource, plain_greedy, random_prompt, tiny_model
+from ._models import Recording, ScriptedSource, plain_greedy, random_prompt, tiny_model
 
 N = 12
-
-
-class Recording:
-    """A verifier that records, per forward, its row count and whether it was sent as a prompt chunk."""
-
-    def __init__(self, verifier):
-        self.verifier, self.calls = verifier, []
-
-    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
-        self.calls.append((len(tokens), prompt))
-        return self.verifier.forward(tokens, depths, tree_mask, rows=rows, prompt=prompt)
-
-    def __getattr__(self, name):
-        return getattr(self.verifier, name)
 
 
 def warmed(model, sources, before):

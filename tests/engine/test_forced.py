@@ -91,7 +91,7 @@ def test_forced_text_in_a_first_step_walks_the_drafts_exactly(lm, forced, verifi
     with the draft tree; while the forced text is left, each node's token is the constrained pick, and drafts
     that spell it are accepted in that one forward."""
     from rest_lsp.model.verifiers import make_verifier
-    from tests.engine._models import ScriptedSource
+    from ._models import ScriptedSource
 
     prompt = lm.build_prompt("import json\n\n\ndef load(path):\n    with open(path) as f:\n", "\n")
     ref = reference(lm, prompt, forced, N)

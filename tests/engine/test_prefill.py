@@ -2,7 +2,7 @@
 from rest_lsp.engine import ContextSource, Engine, GenerationConfig
 from rest_lsp.engine.generate import PREFILL_CHUNK
 
-from ._models import plain_greedy, random_prompt, tiny_model
+from ._models import Recording, plain_greedy, random_prompt, tiny_model
 
 N = 12
 
@@ -47,20 +47,6 @@ def test_should_stop_during_prefill_cancels_and_keeps_the_cache_exact():
     assert res.reused_tokens == 120 and res.tokens == plain_greedy(model, other, N)
 
 
-class _Recording:
-    """A verifier that records, per forward, its row count and whether it was sent as a prompt chunk."""
-
-    def __init__(self, verifier):
-        self.verifier, self.calls = verifier, []
-
-    def forward(self, tokens, depths, tree_mask, *, rows=None, prompt=False):
-        self.calls.append((len(tokens), prompt))
-        return self.verifier.forward(tokens, depths, tree_mask, rows=rows, prompt=prompt)
-
-    def __getattr__(self, name):
-        return getattr(self.verifier, name)
-
-
 def test_prefill_chunks_are_sent_as_prompt_chunks_and_steps_are_not():
     """Only the prefill may take a verifier's faster, not row-invariant path (`prompt=True`): every decoding
     step and draft tree is sent without it, so its rows round as plain decoding's do."""
@@ -68,7 +54,7 @@ def test_prefill_chunks_are_sent_as_prompt_chunks_and_steps_are_not():
 
     model = tiny_model("qwen2", 3)
     prompt = random_prompt(14, 150)  # three chunks of 50, the last longer than FIRST_STEP_TOKENS
-    recorder = _Recording(HFVerifier(model))
+    recorder = Recording(HFVerifier(model))
     engine = Engine(model, [(ContextSource(), 1.0)], eos_token_ids=[], verifier=recorder)
     engine.prefill_chunk = 50
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4))
