@@ -287,9 +287,9 @@ class Engine:
         walk the tree there); the whole forward within a quantized model's exact rows."""
         cfg = run.config
         missing = len(run.prompt) - min(n, len(run.prompt) - 1)
-        rows = self.max_rows if self.max_rows is not None else FIRST_STEP_TOKENS + self.drafter.max_draft_nodes + 1
-        return (cfg.temperature <= 0 and cfg.max_new_tokens > 0
-                and missing <= min(FIRST_STEP_TOKENS, run.chunk, rows - 1))
+        most = min(FIRST_STEP_TOKENS, run.chunk) if self.max_rows is None else \
+            min(FIRST_STEP_TOKENS, run.chunk, self.max_rows - 1)  # room for a node beside the missing rows
+        return cfg.temperature <= 0 and cfg.max_new_tokens > 0 and missing <= most
 
     def _first_step(self, run: Run, n: int, t0: float) -> list[int]:
         """One forward: the prompt's missing tokens as a chain, then the draft tree rooted at the prompt's last
@@ -331,8 +331,7 @@ class Engine:
             self.verifier.row_scorer(last)
         res = run.result
         res.steps, res.accepted = 1, [len(path)]
-        for i in path[1:]:
-            res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
+        _credit_sources(res, tree, path)
         self.drafter.record(tree, path)
         self.drafter.observe_forward(tree, logits)
         self.drafter.observe(new)
@@ -344,7 +343,9 @@ class Engine:
 
     def _walk(self, tree: DraftTree, logits: torch.Tensor, run: Run) -> tuple[list[int], int]:
         """The accepted path and the next token, spelling the forced text: while some of it is left, each node's
-        token is the pick among the tokens that agree with it (exact scores), as plain decoding picks it."""
+        token is the pick among the tokens that agree with it (exact scores), as plain decoding picks it. A tree
+        of more than its root is walked greedily (the first step's rule); a decoding step drafts nothing while
+        a forced text is left, so sampling meets only a root here."""
         if not run.forced:
             return self._accept(tree, logits, run)
         kids, path = tree.children(), [0]
@@ -374,11 +375,7 @@ class Engine:
         tree = self.drafter.draft(run.ids(), budget, cost)  # context + the pending token
         t2 = time.perf_counter()
         logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
-        if run.forced:
-            path, nxt = [0], self._pick(logits[0], self.verifier.row_scorer(0), run)
-        else:
-            path, nxt = self._accept(tree, logits, run)
-        self._spell(run, [nxt])
+        path, nxt = self._walk(tree, logits, run)  # (while a forced text is left, the tree is its root alone)
         self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
         t3 = time.perf_counter()
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
@@ -548,8 +545,7 @@ class Engine:
         res.retrieval_ms.append(retrieval_ms)
         res.forward_ms.append(forward_ms)
         res.draft_sizes.append(len(tree) - 1)
-        for i in path[1:]:
-            res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
+        _credit_sources(res, tree, path)
 
     def calibrate(self, *, force: bool = False, **measure_kw) -> CostModel:
         """Measure c(q) now (or read it from the user cache): call at start-up to keep the measurement
@@ -588,6 +584,12 @@ def _check_config(config: GenerationConfig) -> None:
         raise ValueError(f"draft_budget must be >= 0 or None, got {config.draft_budget}")
     if config.max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {config.max_new_tokens}")
+
+
+def _credit_sources(res: GenerationResult, tree: DraftTree, path: list[int]) -> None:
+    """Count each accepted node for the source that contributed most to it."""
+    for i in path[1:]:
+        res.accepted_sources[tree.sources[i]] = res.accepted_sources.get(tree.sources[i], 0) + 1
 
 
 def _trim_accepted(accepted: list[int], excess: int) -> None:
