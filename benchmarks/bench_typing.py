@@ -401,9 +401,9 @@ class MethodRun:
 
 async def start_method(name: str, options: dict, ws: Path, args, log_dir: Path, patient: bool = False,
                        asks_again: bool = True, client: str = "project", tree: Path | None = None) -> MethodRun:
-    """tree: serve with the code checked out there (first on the server's PYTHONPATH) instead of this checkout."""
+    """tree: serve with the code checked out there instead of this checkout (lsp_client.python_for)."""
     editor = CLIENTS[client]
-    server = Server(log_dir / name, env={"PYTHONPATH": str(tree)} if tree else None)
+    server = Server(log_dir / name, tree=tree)
     # False: a client that does not take rest/suggestionReady (rest-noask, a plain client)
     server.suggestion_ready = asks_again and editor.asks_again
     await server.start()
@@ -588,9 +588,9 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
     name, own = method_settings(name)
     name, _, precision = name.partition("@")
     base, _, model = name.partition("+")
-    # -cf: with other files of the repository before the current one (crossFile, opt-in; its default
-    # selectors), -cfdefs / -cfsib: the definitions / siblings selector alone, -cfall: every selector; -nocf:
-    # without (the default)
+    # -cf: with other files of the repository before the current one in every document (crossFile true; its
+    # default selectors), -cfdefs / -cfsib: the definitions / siblings selector alone, -cfall: every selector;
+    # -nocf: without; rest and plain: the default ("auto": in a document that fits the prompt's prefix window)
     if base == "ceiling":
         raise SystemExit("`ceiling` is now `patient`: a person who waits for each whole suggestion, not a bound on "
                          "what any method can accept (REST out-accepted it once)")

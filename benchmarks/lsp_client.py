@@ -46,6 +46,15 @@ def plain(obj):
     return obj
 
 
+def python_for(tree: Path | None) -> tuple[list[str], dict]:
+    """The interpreter command and environment that import this project's code, or the tree's when given.
+    `python -m` puts the working directory first on sys.path (this checkout, where the benchmarks run), ahead of
+    PYTHONPATH; `-P` leaves it out, so that the tree is what the server imports."""
+    if tree is None:
+        return [sys.executable], {}
+    return [sys.executable, "-P"], {"PYTHONPATH": str(tree)}
+
+
 class Server:
     """`rest-lsp --stdio` in a process of its own, with a client; its log and stderr go to `log_dir`."""
 
@@ -53,9 +62,11 @@ class Server:
     work_done_progress = False
     suggestion_ready = True
 
-    def __init__(self, log_dir: Path, env: dict | None = None):
+    def __init__(self, log_dir: Path, env: dict | None = None, tree: Path | None = None):
+        """tree: serve with the code checked out there (a git worktree) instead of this checkout's."""
         self.log_dir = log_dir
-        self.env = env or {}
+        self.python, tree_env = python_for(tree)
+        self.env = {**(env or {}), **tree_env}
         self.log_file = log_dir / "server.log"
         self.stderr_file = log_dir / "server.stderr"
         self.client = LanguageClient(self.name, "0")
@@ -79,7 +90,7 @@ class Server:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._stderr = open(self.stderr_file, "wb")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rest_lsp.cli", "--stdio", "--log-file", str(self.log_file),
+            *self.python, "-m", "rest_lsp.cli", "--stdio", "--log-file", str(self.log_file),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._stderr,
             env={**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                  **self.env, **(env or {})})

@@ -184,6 +184,26 @@ def test_a_method_may_carry_its_own_settings():
         T.method_options("rest[predictBudgetMs]", {})
 
 
+def test_a_tree_method_serves_the_trees_code_when_the_benchmark_runs_from_this_checkout(tmp_path):
+    """The server's interpreter imports the tree's packages, not this checkout's, from this checkout's root
+    (where the benchmarks run: `python -m` would put it first on sys.path)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from lsp_client import python_for
+
+    repo = Path(__file__).resolve().parents[2]
+    tree = tmp_path / "tree"
+    (tree / "rest_lsp").mkdir(parents=True)
+    (tree / "rest_lsp" / "__init__.py").write_text("")
+    for given, expected in ((tree, tree), (None, repo)):
+        argv, env = python_for(given)
+        out = subprocess.run([*argv, "-c", "import rest_lsp; print(rest_lsp.__file__)"], cwd=repo, text=True,
+                             env={**os.environ, **env}, capture_output=True, check=True).stdout.strip()
+        assert Path(out).parent.parent == expected
+
+
 def test_a_method_may_carry_the_source_tree_that_serves_it(tmp_path):
     trees = {"before": tmp_path}
     assert T.method_tree("rest@bf16~before", trees) == ("rest@bf16", tmp_path)
