@@ -6,7 +6,8 @@ new block only once its prompt is computed.
                                       # for a selection (on the selection thread; the latest per document)
     blocks.saved(uri)                 # a save: the place joins the recent-files ring, and a selection
                                       # (a keystroke's or a save's changes the block only with a new definition)
-    blocks.current(uri)               # the block every prompt of the document starts with now (None: none/off)
+    blocks.current(uri)               # the block every prompt of the document starts with now (None: none/off;
+                                      # `crossFile: "auto"` gives a document a block while it is short)
 
 What a selection holds and when it counts as changed is rest_lsp/service/crossfile.py (`select`,
 `ContextKeeper`); a changed block's prompt is computed by the scheduler behind everything else
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
-from .config import ServerConfig, cross_file_budget
+from .config import ServerConfig, cross_file_budget, cross_file_on
 from .crossfile import ContextKeeper, Cursor, RepoView, Selection, select
 from .datastores import DatastoreSet
 from .prompt import CompletionContext, PositionError, build_context
@@ -53,8 +54,16 @@ class Blocks:
         self._selector = ThreadPoolExecutor(1, thread_name_prefix="rest-lsp-context")
 
     def current(self, uri: str) -> Optional[Selection]:
-        """The block the document's prompts start with now (None: none yet, or cross-file context is off)."""
-        return self.keeper.current(uri) if self._settings().cross_file else None
+        """The block the document's prompts start with now (None: none yet, or cross-file context is off for it)."""
+        place = self._places.get(uri)
+        return self.keeper.current(uri) if place is not None and self._on(place[0]) else None
+
+    def _on(self, text: str) -> bool:
+        return cross_file_on(self._settings(), self._device_type(), len(text))
+
+    def _device_type(self, backend=None) -> str:
+        loaded = getattr(backend or self.worker.backend, "loaded", None)
+        return getattr(getattr(loaded, "device", None), "type", "cpu")
 
     def placed(self, uri: str, text: str, ctx: CompletionContext) -> None:
         """Where the person is. Leaving a file puts its place into the recent-files ring; a file switch or a new
@@ -67,6 +76,8 @@ class Blocks:
             self._remember(prev, ptext, pline)
         self._active = uri
         self._set_place(uri, text, ctx)
+        if not self._on(text):  # a long document: its place feeds the ring, it selects no block of its own
+            return
         line_after = ctx.suffix.split("\n", 1)[0]
         if prev != uri or self.keeper.new_names(uri, ctx.prefix, line_after):
             self._request_selection(uri, text, ctx, in_place=prev == uri)
@@ -79,6 +90,8 @@ class Blocks:
             return
         text, line, column = place
         self._remember(uri, text, line)
+        if not self._on(text):
+            return
         try:
             self._request_selection(uri, text, build_context(text, line, column), in_place=True)
         except PositionError:
@@ -96,6 +109,8 @@ class Blocks:
             return None
         self._active = uri
         self._set_place(uri, text, ctx)
+        if not self._on(text):
+            return None
         sel = self.selection_for(backend, uri, text, ctx)
         if sel is not None:
             self.keeper.set_current(uri, sel)
@@ -104,8 +119,6 @@ class Blocks:
     def selection_for(self, backend, uri: str, text: str, ctx: CompletionContext) -> Optional[Selection]:
         """The cross-file block for a cursor, from the workspace datastores the service holds now."""
         encode, decode = text_codec(backend)
-        loaded = getattr(backend, "loaded", None)
-        device = getattr(getattr(loaded, "device", None), "type", "cpu")
         views = []
         for key in self.repository.keys():
             store = self.repository.get(key)
@@ -118,7 +131,7 @@ class Blocks:
         path = uri_to_path(uri)
         cur = Cursor(str(path) if path is not None else None, ctx.prefix, ctx.suffix.split("\n", 1)[0], text)
         cfg = self._settings()
-        return select(views, cur, budget=cross_file_budget(cfg, device), selectors=cfg.cross_file_selectors,
+        return select(views, cur, budget=cross_file_budget(cfg, self._device_type(backend)), selectors=cfg.cross_file_selectors,
                       ring=self.keeper.ring, encode=encode)
 
     def snapshot(self) -> dict:

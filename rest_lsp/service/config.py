@@ -60,8 +60,9 @@ class ServerConfig:
     max_suffix_chars: int | None = None  # text after the cursor (fill-in-the-middle); None: 1500 (300 on a CPU)
     max_live_bytes: int = 2_000_000     # larger open buffers are not fed to the live draft shard
     queue_size: int = 8                 # pending requests (one per document at most) before the oldest is dropped
-    cross_file: bool = False            # other files of the repository before the current one in the prompt
-                                        # (opt-in: measured no better for a person typing, docs/crossfile.md)
+    cross_file: bool | str = "auto"     # other files of the repository before the current one in the prompt:
+                                        # true, false, or "auto": while the document fits the prompt's prefix
+                                        # window (`cross_file_on`)
     cross_file_tokens: int | None = None  # their token budget; None: 512 on a CPU, 2048 elsewhere
     cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent", "siblings"])
     server: dict | None = None          # a team server (rest-lsp team-server, docs/team.md) that decodes instead of
@@ -104,6 +105,10 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
     """Type-check one setting against the field's default type; raise ValueError with the setting's name."""
     if name == "server":
         return _coerce_server(value)
+    if name == "cross_file":
+        if not isinstance(value, bool) and value != "auto":
+            raise ValueError(f"cross_file: expected true, false or \"auto\", got {value!r}")
+        return value
     if value is None:
         if name in {"model", "corpus", "draft_budget", "languages", "cache_dir", "request_log",
                     "max_prefix_chars", "max_suffix_chars", "cross_file_tokens"}:
@@ -152,6 +157,17 @@ WINDOWS = {"cpu": (3000, 300), "other": (6000, 1500)}
 # decoding step attends over it and the block is computed again whenever it changes (docs/crossfile.md).
 CROSS_FILE_TOKENS = {"cpu": 512, "other": 2048}
 CROSS_FILE_SELECTORS = ("definitions", "similar", "recent", "siblings")
+
+
+def cross_file_on(config: "ServerConfig", device_type: str, document_chars: int) -> bool:
+    """Whether a document's prompts start with other files' code. "auto": while the whole document fits the
+    prompt's prefix window - a new or short file, where the window has room and other files' code measured
+    better for a person typing (a new module among its siblings: +7.6% characters accepted); a longer file's
+    window already holds what its lines need, and there the block measured level or worse
+    (docs/results/crossfile.md, 2026-12-04)."""
+    if config.cross_file == "auto":
+        return document_chars <= prompt_windows(config, device_type)[0]
+    return bool(config.cross_file)
 
 
 def cross_file_budget(config: "ServerConfig", device_type: str) -> int:

@@ -428,3 +428,56 @@ def test_every_selector_is_a_setting_and_the_default_takes_them_all():
     assert config._coerce("cross_file_selectors", ["siblings"], None) == ["siblings"]
     with pytest.raises(ValueError, match="siblings"):   # the error lists what is allowed
         config._coerce("cross_file_selectors", ["neighbours"], None)
+
+
+def test_auto_puts_a_block_before_a_document_that_fits_the_prefix_window_only(daemon):
+    """`crossFile: "auto"` (the default): other files' code while the whole document fits the prompt's prefix
+    window (a new or short file); a longer document selects nothing and its prompts hold no block, and a short
+    one that grows past the window loses its block."""
+    from rest_lsp.service.config import ServerConfig
+    from rest_lsp.service.core import CompletionRequest
+
+    assert ServerConfig().cross_file == "auto"
+    service, root, loop = daemon
+    window = len(CURRENT) + 40
+    service.configure({"crossFile": "auto", "maxPrefixChars": window})
+
+    def ask(uri, text):
+        line, col = text.count("\n"), len(text.split("\n")[-1])
+        service.document_changed(uri, text, line, col)
+        return loop.run_until_complete(service.complete(CompletionRequest(uri, text, line, col, automatic=False)))
+
+    short = (root / "pkg" / "plugins" / "gamma.py").as_uri()
+    service.document_changed(short, CURRENT, CURRENT.count("\n"), len(CURRENT.split("\n")[-1]))
+    assert _wait(lambda: service.crossfile.current(short) is not None and service.crossfile.pending(short) is None)
+    # (a text no prediction started before the block was computed already covers)
+    assert ask(short, CURRENT + "em").record["context"]["snippets"] == service.crossfile.current(short).describe()
+
+    long_text = "# " + "a long module's header line\n# " * 3 + "\n" + CURRENT  # longer than the window
+    assert len(long_text) > window
+    long_uri = (root / "pkg" / "plugins" / "delta.py").as_uri()
+    selections = service.crossfile.counts["selections"]
+    assert ask(long_uri, long_text).record["context"] is None
+    assert ask(long_uri, long_text + "run").record["context"] is None
+    assert service.crossfile.current(long_uri) is None and service.crossfile.pending(long_uri) is None
+    assert service.crossfile.counts["selections"] == selections   # nothing selected for it
+
+    grown = CURRENT + "run()\n        " + "x = 1\n        " * 4  # the short document grows past the window
+    assert ask(short, grown).record["context"] is None
+
+
+def test_cross_file_setting_is_true_false_or_auto():
+    from rest_lsp.service import config
+
+    for value in (True, False, "auto"):
+        assert config._coerce("cross_file", value, None) == value
+    for bad in ("on", 1, None):
+        with pytest.raises(ValueError, match="cross_file"):
+            config._coerce("cross_file", bad, None)
+    cfg = config.ServerConfig(max_prefix_chars=100)
+    assert config.cross_file_on(cfg, "cpu", 100) and not config.cross_file_on(cfg, "cpu", 101)
+    assert config.cross_file_on(config.ServerConfig(), "cpu", 3000) and \
+        not config.cross_file_on(config.ServerConfig(), "cpu", 3001)            # the CPU's prefix window
+    assert config.cross_file_on(config.ServerConfig(), "cuda", 6000)         # a GPU's is larger
+    assert config.cross_file_on(config.ServerConfig(cross_file=True), "cpu", 10 ** 6)
+    assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0)

@@ -20,7 +20,7 @@ export interface RestLspSettings {
   exclude: string[];
   indexWorkspace: boolean;
   persistHistory: boolean;
-  crossFile: boolean; // other files of the repository before the current one in the prompt
+  crossFile: boolean | "auto"; // other files of the repository before the current one in the prompt
   crossFileTokens: number | null; // their token budget; null: the server's per-device default
   requestLog: string;
   serverSettings: Record<string, unknown>; // more of the server's settings (camelCase), sent as they are
@@ -47,11 +47,16 @@ export const DEFAULTS: RestLspSettings = {
   exclude: [],
   indexWorkspace: true,
   persistHistory: true,
-  crossFile: false,
+  crossFile: "auto",
   crossFileTokens: null,
   requestLog: "",
   serverSettings: {},
 };
+
+/** true, false, or "auto" (the server's default); anything else is "auto". */
+function crossFile(v: unknown): boolean | "auto" {
+  return v === true || v === false ? v : "auto";
+}
 
 export function readSettings(get: SettingGetter): RestLspSettings {
   const str = (k: string, d: string) => {
@@ -89,7 +94,7 @@ export function readSettings(get: SettingGetter): RestLspSettings {
     exclude: strs("exclude"),
     indexWorkspace: get<unknown>("indexWorkspace", true) !== false,
     persistHistory: get<unknown>("persistHistory", true) !== false,
-    crossFile: get<unknown>("crossFile", false) === true,
+    crossFile: crossFile(get<unknown>("crossFile", "auto")),
     crossFileTokens: num("crossFileTokens"),
     requestLog: str("requestLog", DEFAULTS.requestLog),
     serverSettings: more && typeof more === "object" && !Array.isArray(more) ? { ...(more as Record<string, unknown>) } : {},

@@ -16,7 +16,7 @@ test("defaults leave the server's own defaults in force", () => {
     draftBudget: null,
     indexWorkspace: true,
     persistHistory: true,
-    crossFile: false,
+    crossFile: "auto",
     languages: null,
   });
 });
@@ -43,6 +43,12 @@ test("every server setting is sent under the server's camelCase key", () => {
   const s = readSettings(getter({ ...all, model: " /models/qwen " }));
   assert.deepEqual(serverOptions(s), all);
   assert.deepEqual(didChangeConfigurationParams(s), { settings: { restLsp: all } });
+});
+
+test("crossFile is true, false or \"auto\"; anything else is the default \"auto\"", () => {
+  assert.equal(serverOptions(readSettings(getter({ crossFile: false }))).crossFile, false);
+  assert.equal(serverOptions(readSettings(getter({ crossFile: true }))).crossFile, true);
+  assert.equal(serverOptions(readSettings(getter({ crossFile: "always" }))).crossFile, "auto");
 });
 
 test("a draft budget of 0 (plain decoding) is kept, invalid numbers are dropped", () => {
