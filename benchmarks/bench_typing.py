@@ -588,9 +588,9 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
     name, own = method_settings(name)
     name, _, precision = name.partition("@")
     base, _, model = name.partition("+")
-    # -cf: with other files of the repository before the current one (crossFile, opt-in; its default
-    # selectors), -cfdefs / -cfsib: the definitions / siblings selector alone, -cfall: every selector; -nocf:
-    # without (the default)
+    # -cf: with other files of the repository before the current one in every document (crossFile true; its
+    # default selectors), -cfdefs / -cfsib: the definitions / siblings selector alone, -cfall: every selector;
+    # -nocf: without; rest and plain: the default ("auto": in a document that fits the prompt's prefix window)
     if base == "ceiling":
         raise SystemExit("`ceiling` is now `patient`: a person who waits for each whole suggestion, not a bound on "
                          "what any method can accept (REST out-accepted it once)")

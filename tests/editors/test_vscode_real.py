@@ -166,8 +166,18 @@ def test_toggle_from_the_palette_stops_and_restarts_suggestions(vscode):
     assert len(requests(wb)) == n, "no request reaches the server while completions are off"
     wb.command("rest-lsp: Toggle Inline Completions")
     wait_until("the status bar to say on", lambda: " off" not in wb.status_text(), timeout=10)
-    wb.type("t")
-    assert wb.wait_ghost_text(timeout=60)
+    # Keys one at a time until a suggestion shows: at one place the tiny random model may write only bytes that
+    # are no text (a clean run answered "\ufffdautv..." after "ret", which the server rightly sends as no item).
+    ghost = None
+    for key in "turn":
+        wb.type(key)
+        try:
+            ghost = wb.wait_ghost_text(timeout=20)
+            break
+        except TimeoutError:
+            wb.screenshot(wb.tmp / f"toggle-no-ghost-{key}.png")
+    assert len(requests(wb)) > n, "requests reach the server again once completions are on"
+    assert ghost, f"no suggestion shown after any of the keys; answers: {requests(wb)[n:]}"
 
 
 def test_restart_from_the_palette_starts_a_new_server(vscode):
