@@ -49,6 +49,7 @@ class Blocks:
         self._views: dict[str, RepoView] = {}
         self._places: OrderedDict[str, tuple[str, int, int]] = OrderedDict()  # uri -> (text, line, column)
         self._active: str | None = None
+        self._long: set[str] = set()   # documents past the prefix window ("auto": no block; cross_file_on)
         self._selecting: dict[str, tuple] = {}   # uri -> the latest (text, ctx) to select for
         self._selecting_lock = threading.Lock()
         self._selector = ThreadPoolExecutor(1, thread_name_prefix="rest-lsp-context")
@@ -56,10 +57,15 @@ class Blocks:
     def current(self, uri: str) -> Optional[Selection]:
         """The block the document's prompts start with now (None: none yet, or cross-file context is off for it)."""
         place = self._places.get(uri)
-        return self.keeper.current(uri) if place is not None and self._on(place[0]) else None
+        return self.keeper.current(uri) if place is not None and self._on(uri, place[0]) else None
 
-    def _on(self, text: str) -> bool:
-        return cross_file_on(self._settings(), self._device_type(), len(text))
+    def _on(self, uri: str, text: str) -> bool:
+        on = cross_file_on(self._settings(), self._device_type(), len(text), was_long=uri in self._long)
+        if on:
+            self._long.discard(uri)
+        else:
+            self._long.add(uri)
+        return on
 
     def _device_type(self, backend=None) -> str:
         loaded = getattr(backend or self.worker.backend, "loaded", None)
@@ -76,7 +82,7 @@ class Blocks:
             self._remember(prev, ptext, pline)
         self._active = uri
         self._set_place(uri, text, ctx)
-        if not self._on(text):  # a long document: its place feeds the ring, it selects no block of its own
+        if not self._on(uri, text):  # a long document: its place feeds the ring, it selects no block of its own
             return
         line_after = ctx.suffix.split("\n", 1)[0]
         if prev != uri or self.keeper.new_names(uri, ctx.prefix, line_after):
@@ -90,7 +96,7 @@ class Blocks:
             return
         text, line, column = place
         self._remember(uri, text, line)
-        if not self._on(text):
+        if not self._on(uri, text):
             return
         try:
             self._request_selection(uri, text, build_context(text, line, column), in_place=True)
@@ -100,6 +106,7 @@ class Blocks:
     def closed(self, uri: str) -> None:
         self.keeper.forget(uri)
         self._places.pop(uri, None)
+        self._long.discard(uri)
 
     def use_now(self, uri: str, text: str, ctx: CompletionContext) -> Optional[Selection]:
         """Select the document's block here and use it from the next prompt on (a one-shot completion, the
@@ -109,7 +116,7 @@ class Blocks:
             return None
         self._active = uri
         self._set_place(uri, text, ctx)
-        if not self._on(text):
+        if not self._on(uri, text):
             return None
         sel = self.selection_for(backend, uri, text, ctx)
         if sel is not None:
@@ -145,7 +152,7 @@ class Blocks:
         self._places[uri] = (text, ctx.line, ctx.column)
         self._places.move_to_end(uri)
         while len(self._places) > PLACES_KEPT:
-            self._places.popitem(last=False)
+            self._long.discard(self._places.popitem(last=False)[0])
 
     def _remember(self, uri: str, text: str, line: int) -> None:
         path = uri_to_path(uri)

@@ -464,6 +464,12 @@ def test_auto_puts_a_block_before_a_document_that_fits_the_prefix_window_only(da
 
     grown = CURRENT + "run()\n        " + "x = 1\n        " * 4  # the short document grows past the window
     assert ask(short, grown).record["context"] is None
+    # back to just under the window: still none (each switch costs the whole prompt, so no switch at every line
+    # edited around the limit); well under it, the block again
+    near, back = CURRENT + "em" + " " * 30, CURRENT + "ctx"   # (texts no earlier prediction covers)
+    assert window * 0.9 < len(near) <= window and len(back) <= window * 0.9
+    assert ask(short, near).record["context"] is None
+    assert ask(short, back).record["context"]["snippets"] == service.crossfile.current(short).describe()
 
 
 def test_cross_file_setting_is_true_false_or_auto():
@@ -479,5 +485,6 @@ def test_cross_file_setting_is_true_false_or_auto():
     assert config.cross_file_on(config.ServerConfig(), "cpu", 3000) and \
         not config.cross_file_on(config.ServerConfig(), "cpu", 3001)            # the CPU's prefix window
     assert config.cross_file_on(config.ServerConfig(), "cuda", 6000)         # a GPU's is larger
+    assert config.cross_file_on(cfg, "cpu", 90, was_long=True) and not config.cross_file_on(cfg, "cpu", 91, was_long=True)
     assert config.cross_file_on(config.ServerConfig(cross_file=True), "cpu", 10 ** 6)
     assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0)
