@@ -170,8 +170,13 @@ class EngineBackend:
         return self.loaded.tokenizer.decode(list(ids))
 
     # -- runs (the service drives them one forward at a time on the inference thread) ----------------
+    @property
+    def prompt_device(self) -> str:
+        """The device class whose prompt windows this backend's prompts use (config.prompt_windows)."""
+        return self.loaded.device.type
+
     def prompt_parts(self, ctx: CompletionContext, config: ServerConfig, anchor: int | None = None) -> PromptParts:
-        max_prefix, max_suffix = prompt_windows(config, self.loaded.device.type)
+        max_prefix, max_suffix = prompt_windows(config, self.prompt_device)
         orders = tuple(getattr(self.loaded.fim, "orders", ("psm",)) or ("psm",))
         return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix, anchor)
 

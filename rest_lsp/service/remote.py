@@ -185,8 +185,10 @@ class RemoteBackend:
     def close(self) -> None:
         pass
 
+    prompt_device = "remote"   # the server's prompt windows: not a laptop CPU's
+
     def prompt_parts(self, ctx, config: ServerConfig, anchor: int | None = None):
-        max_prefix, max_suffix = prompt_windows(config, "remote")   # the server's windows: not a laptop CPU's
+        max_prefix, max_suffix = prompt_windows(config, self.prompt_device)
         orders = tuple(getattr(self.loaded.fim, "orders", ("psm",)) or ("psm",))
         return prompt_parts(ctx, resolve_layout(config.layout, orders), max_prefix, max_suffix, anchor)
 

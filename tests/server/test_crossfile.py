@@ -488,3 +488,24 @@ def test_cross_file_setting_is_true_false_or_auto():
     assert config.cross_file_on(cfg, "cpu", 90, was_long=True) and not config.cross_file_on(cfg, "cpu", 91, was_long=True)
     assert config.cross_file_on(config.ServerConfig(cross_file=True), "cpu", 10 ** 6)
     assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0)
+
+
+def test_auto_follows_the_prefix_window_of_the_backend_that_builds_the_prompts():
+    """A team server's prompts have its own prefix window (6,000 characters), not this CPU's (3,000): `auto`
+    gives a 4,000-character document a block there, not here."""
+    from types import SimpleNamespace
+
+    from rest_lsp.service.blocks import Blocks
+    from rest_lsp.service.config import ServerConfig
+    from rest_lsp.service.remote import RemoteBackend
+
+    def on(backend) -> bool:
+        blocks = Blocks(ServerConfig, None, None, SimpleNamespace(backend=backend), None)
+        try:
+            return blocks._on("file:///m.py", "x" * 4000)
+        finally:
+            blocks.close()
+
+    local_cpu = SimpleNamespace(prompt_device="cpu")
+    remote = RemoteBackend.__new__(RemoteBackend)   # its prompt windows only: no tokenizer, no server
+    assert not on(local_cpu) and on(remote)
