@@ -187,11 +187,12 @@ class Blocks:
         except Exception:  # noqa: BLE001 - completions go on with the block they have
             log.exception("cross-file selection failed for %s", uri)
             return
-        if sel is not None and self.keeper.offer(uri, sel, in_place=in_place):
+        taken = self.keeper.offer(uri, sel, in_place=in_place) if sel is not None else None
+        if taken is not None:
             # stopped or dropped before the block was computed: it is not pending any more, so that the next
             # selection offers it again instead of finding it "unchanged"
-            self.scheduler.warm_block(uri, ctx, sel, promote=lambda: self.keeper.promote(uri, sel),
-                                      withdraw=lambda: self.keeper.withdraw(uri, sel))
+            self.scheduler.warm_block(uri, ctx, taken, promote=lambda: self.keeper.promote(uri, taken),
+                                      withdraw=lambda: self.keeper.withdraw(uri, taken))
 
 
 def text_codec(backend) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:

@@ -20,7 +20,8 @@ for other families). Four selectors fill it, each from what the daemon already h
                  blended, while the document holds few, with the folder's most typical file
 
 Snippets that repeat the current file's text are dropped, overlapping ones merged, and the best fill the token
-budget; the best goes last, next to the current file. All text comes from the workspace datastore (files the
+budget; the best goes last, next to the current file, except that a changed block keeps the files it shares with
+the block before it first, in their old order (`in_old_order`: their KV cache survives the change). All text comes from the workspace datastore (files the
 index admitted, secret lines masked) or, for the ring, from an indexed file's buffer masked the same way: an
 excluded file or a secret never enters a prompt.
 
@@ -38,7 +39,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -591,11 +592,12 @@ class ContextKeeper:
             words = words[:-1]  # still being typed
         return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
 
-    def offer(self, uri: str, sel: Selection, *, in_place: bool = False) -> bool:
-        """Take a fresh selection; True when it differs from the block in use (it becomes pending). A selection
-        asked for in place (a keystroke's new name at the cursor, a save) must bring a definition or use the
-        block lacks: the similar code shifts as the window slides, the ring gains only the document's own place
-        (never in its own block), and a new block costs the whole prompt after it again."""
+    def offer(self, uri: str, sel: Selection, *, in_place: bool = False) -> Selection | None:
+        """Take a fresh selection: the block to compute when it differs from the one in use (it becomes
+        pending, its files in the order `in_old_order` gives), else None. A selection asked for in place (a
+        keystroke's new name at the cursor, a save) must bring a definition or use the block lacks: the similar
+        code shifts as the window slides, the ring gains only the document's own place (never in its own
+        block), and a new block costs the prompt after its first changed file again."""
         with self._lock:
             st = self._doc(uri)
             self.counts["selections"] += 1
@@ -604,16 +606,16 @@ class ContextKeeper:
             base = st.pending or st.current
             if base is not None and base.keys == sel.keys and base.repo.path == sel.repo.path:
                 self.counts["unchanged"] += 1
-                return False
+                return None
             if in_place and base is not None and not new_definitions(sel, base):
                 self.counts["kept"] += 1
-                return False
+                return None
             if base is None and not sel.snippets:
                 st.current = sel   # nothing to compute first: the path line alone
-                return False
-            st.pending = sel
+                return None
+            st.pending = in_old_order(sel, st.current or base)
             self.counts["offered"] += 1
-            return True
+            return st.pending
 
     def set_current(self, uri: str, sel: Selection) -> None:
         """Use this block from now on, without a background warm-up (a one-shot completion)."""
@@ -655,6 +657,27 @@ def new_definitions(sel: Selection, base: Selection) -> bool:
     """Whether `sel` holds a definition or use (of a name at the cursor) that `base` does not."""
     known = base.keys  # a frozenset built per access: once, not once per snippet
     return any(s.selector in ("definitions", "uses") and s.key not in known for s in sel.snippets)
+
+
+def in_old_order(sel: Selection, old: Selection | None) -> Selection:
+    """`sel` with the files that `old`'s block holds unchanged first, in `old`'s order, and its other files
+    after them in its own order (the best last). A prompt's KV cache is reused up to the first token that
+    differs, so a block that changes by a new definition recomputes from the first file it adds or drops,
+    not from its start: a new file among its siblings changes its block every few lines.
+
+        old: [siblings a.py, def b.py]   sel (ranked): [def c.py, siblings a.py, def b.py, similar d.py]
+        ->   [siblings a.py, def b.py, def c.py, similar d.py]      (a.py and b.py stay cached)
+    """
+    if old is None:
+        return sel
+    new = sel.repo.files
+    kept = [f for f in old.repo.files if f in new]
+    files = tuple(kept + [f for f in new if f not in kept])
+    if files == new:
+        return sel
+    at = {path: i for i, (path, _) in enumerate(files)}
+    snippets = tuple(sorted(sel.snippets, key=lambda s: at[s.path]))
+    return Selection(replace(sel.repo, files=files), snippets, sel.names, sel.tokens)
 
 
 def files_of(chosen: Sequence[Snippet]) -> tuple[tuple[str, str], ...]:

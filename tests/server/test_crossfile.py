@@ -12,7 +12,8 @@ from indexer.store import Datastore
 from rest_lsp.model.prompts import REPO_TOKENS, RepoContext, build_prompt, detect_fim, repo_block
 from testmodels.tiny import train_tokenizer
 from rest_lsp.service.crossfile import (ContextKeeper, Cursor, RecentRing, RepoView, Selection, Snippet,
-                                        class_outline, names_near, new_definitions, select)
+                                        class_outline, in_old_order, names_near, new_definitions,
+                                        select)
 
 SECRET = "sk-live-" + "q8Zr3VwXk2LmN7pT4sHy6JbC9dFgA1eU"
 
@@ -321,6 +322,42 @@ def test_a_keystroke_or_a_save_changes_the_block_only_for_a_new_definition(repo)
     keeper.set_current(uri, only_similar)
     assert new_definitions(defs, only_similar) and keeper.offer(uri, defs, in_place=True)
     assert keeper.pending(uri) is defs
+
+
+def test_a_changed_block_keeps_the_files_it_shares_with_the_old_one_first(tok):
+    def snip(path, text, selector, score):
+        return Snippet(path, 0, text.count("\n") + 1, text, selector, score, 10)
+
+    sib = snip("pkg/plugins/alpha.py", "from pkg.registry import Context, register", "siblings", 1.0)
+    reg = snip("pkg/registry.py", "class Context:\n    def emit_event(self, kind): ...", "definitions", 2.0)
+    new = snip("pkg/events.py", "def publish(kind, payload):\n    ...", "definitions", 3.0)
+    sim = snip("pkg/plugins/beta.py", "ctx.emit_event('beta.start')", "similar", 0.5)
+
+    def selection(*snippets):  # files in the order `select` gives them: the best last
+        files = tuple((s.path, s.text) for s in snippets)
+        return Selection(RepoContext("proj", "pkg/plugins/gamma.py", files), snippets, frozenset(), 40)
+
+    keeper = ContextKeeper()
+    uri = "file:///proj/pkg/plugins/gamma.py"
+    old = selection(sib, reg)
+    assert keeper.offer(uri, old) is old and keeper.promote(uri, old)
+    ranked = selection(sim, reg, sib, new)  # a new definition, and the old files ranked otherwise
+    taken = keeper.offer(uri, ranked, in_place=True)
+    assert taken is keeper.pending(uri) and taken.keys == ranked.keys
+    assert [p for p, _ in taken.repo.files] == ["pkg/plugins/alpha.py", "pkg/registry.py", "pkg/plugins/beta.py",
+                                                "pkg/events.py"]
+    assert [s.path for s in taken.snippets] == [p for p, _ in taken.repo.files]
+    # the prompt after the change starts with the old block's files token for token; in the ranked order it
+    # would differ from the first file on
+    fim = detect_fim(tok)
+    before, changed, ranked_ids = (build_prompt(tok, CURRENT, "", fim, repo=s.repo) for s in (old, taken, ranked))
+    old_files, _ = repo_block(tok, fim, RepoContext("proj", "", old.repo.files))
+    shared = next(i for i, (a, b) in enumerate(zip(before, changed)) if a != b)
+    assert shared >= len(old_files) - 1
+    assert next(i for i, (a, b) in enumerate(zip(before, ranked_ids)) if a != b) < shared
+    # a file whose snippets changed is a new file; nothing shared: the selection as ranked
+    assert in_old_order(ranked, selection(snip("pkg/registry.py", "class Other: ...", "definitions", 2.0))) is ranked
+    assert in_old_order(ranked, None) is ranked
 
 
 # ------------------------------------------------------------------------------------------------ the daemon
