@@ -59,10 +59,13 @@ class Blocks:
         place = self._places.get(uri)
         return self.keeper.current(uri) if place is not None and self._on(uri, place[0]) else None
 
+    def _device(self, backend=None) -> str:
+        # the device whose prompt windows and block budget apply: the backend that builds the prompts (a team
+        # server's, not this CPU's)
+        return getattr(backend or self.worker.backend, "prompt_device", "cpu")
+
     def _on(self, uri: str, text: str) -> bool:
-        # the prefix window of the backend that builds the prompts (a team server's, not this CPU's)
-        device = getattr(self.worker.backend, "prompt_device", "cpu")
-        on = cross_file_on(self._settings(), device, len(text), was_long=uri in self._long)
+        on = cross_file_on(self._settings(), self._device(), len(text), was_long=uri in self._long)
         if on:
             self._long.discard(uri)
         else:
@@ -124,8 +127,6 @@ class Blocks:
     def selection_for(self, backend, uri: str, text: str, ctx: CompletionContext) -> Optional[Selection]:
         """The cross-file block for a cursor, from the workspace datastores the service holds now."""
         encode, decode = text_codec(backend)
-        loaded = getattr(backend, "loaded", None)
-        device = getattr(getattr(loaded, "device", None), "type", "cpu")
         views = []
         for key in self.repository.keys():
             store = self.repository.get(key)
@@ -138,7 +139,7 @@ class Blocks:
         path = uri_to_path(uri)
         cur = Cursor(str(path) if path is not None else None, ctx.prefix, ctx.suffix.split("\n", 1)[0], text)
         cfg = self._settings()
-        return select(views, cur, budget=cross_file_budget(cfg, device), selectors=cfg.cross_file_selectors,
+        return select(views, cur, budget=cross_file_budget(cfg, self._device(backend)), selectors=cfg.cross_file_selectors,
                       ring=self.keeper.ring, encode=encode)
 
     def snapshot(self) -> dict:

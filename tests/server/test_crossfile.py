@@ -546,3 +546,29 @@ def test_auto_follows_the_prefix_window_of_the_backend_that_builds_the_prompts()
     local_cpu = SimpleNamespace(prompt_device="cpu")
     remote = RemoteBackend.__new__(RemoteBackend)   # its prompt windows only: no tokenizer, no server
     assert not on(local_cpu) and on(remote)
+
+
+def test_the_block_budget_is_that_of_the_backend_that_builds_the_prompts(monkeypatch):
+    """A team server's block holds 2,048 tokens (its prompt windows are a GPU's), this CPU's 512."""
+    from types import SimpleNamespace
+
+    from rest_lsp.service import blocks as blocks_mod
+    from rest_lsp.service.config import ServerConfig
+    from rest_lsp.service.prompt import build_context
+    from rest_lsp.service.remote import RemoteBackend
+
+    asked = []
+    monkeypatch.setattr(blocks_mod, "text_codec", lambda backend: (str.split, " ".join))
+    monkeypatch.setattr(blocks_mod, "select", lambda views, cur, *, budget, **kw: asked.append(budget))
+
+    def budget(backend) -> int:
+        blocks = blocks_mod.Blocks(lambda: ServerConfig(), SimpleNamespace(keys=lambda: []), None,
+                                   SimpleNamespace(backend=backend), None)
+        try:
+            blocks.selection_for(backend, "file:///m.py", "x = 1\n", build_context("x = 1\n", 1, 0))
+            return asked.pop()
+        finally:
+            blocks.close()
+
+    assert budget(SimpleNamespace(prompt_device="cpu")) == 512
+    assert budget(RemoteBackend.__new__(RemoteBackend)) == 2048
