@@ -322,7 +322,7 @@ class EngineBackend:
                 "model_choice": dict(self.model_choice) if self.model_choice is not None else None,
                 "precision_check": self.precision_check.snapshot() if self.precision_check is not None else None,
                 "kv_cache": self.engine.pool.snapshot() | {"active_tokens": self.engine.cached_tokens},
-                "prompt_windows": prompt_windows(self.config_seen, lm.device.type) if self.config_seen else None,
+                "prompt_windows": prompt_windows(self.config_seen, self.prompt_device) if self.config_seen else None,
                 "fim": getattr(lm.fim, "name", None), "corpus": "loaded" if self.corpus is not None
                 else self.corpus_error,
                 "history": {"file": str(self.history_file.path) if self.history_file else None,

@@ -139,8 +139,8 @@ class Blocks:
         path = uri_to_path(uri)
         cur = Cursor(str(path) if path is not None else None, ctx.prefix, ctx.suffix.split("\n", 1)[0], text)
         cfg = self._settings()
-        return select(views, cur, budget=cross_file_budget(cfg, self._device(backend)), selectors=cfg.cross_file_selectors,
-                      ring=self.keeper.ring, encode=encode)
+        return select(views, cur, budget=cross_file_budget(cfg, self._device(backend)),
+                      selectors=cfg.cross_file_selectors, ring=self.keeper.ring, encode=encode)
 
     def snapshot(self) -> dict:
         return self.keeper.snapshot()

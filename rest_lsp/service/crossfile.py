@@ -21,9 +21,9 @@ for other families). Four selectors fill it, each from what the daemon already h
 
 Snippets that repeat the current file's text are dropped, overlapping ones merged, and the best fill the token
 budget; the best goes last, next to the current file, except that a changed block keeps the files it shares with
-the block before it first, in their old order (`in_old_order`: their KV cache survives the change). All text comes from the workspace datastore (files the
-index admitted, secret lines masked) or, for the ring, from an indexed file's buffer masked the same way: an
-excluded file or a secret never enters a prompt.
+the block before it first, in their old order (`in_old_order`: their KV cache survives the change). All text
+comes from the workspace datastore (files the index admitted, secret lines masked) or, for the ring, from an
+indexed file's buffer masked the same way: an excluded file or a secret never enters a prompt.
 
 The block must stay put while the person types (the KV cache of everything after it is reused only then): a
 `ContextKeeper` holds one block per document and offers a new one only when the selection changes materially

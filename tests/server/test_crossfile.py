@@ -522,7 +522,8 @@ def test_cross_file_setting_is_true_false_or_auto():
     assert config.cross_file_on(config.ServerConfig(), "cpu", 3000) and \
         not config.cross_file_on(config.ServerConfig(), "cpu", 3001)            # the CPU's prefix window
     assert config.cross_file_on(config.ServerConfig(), "cuda", 6000)         # a GPU's is larger
-    assert config.cross_file_on(cfg, "cpu", 90, was_long=True) and not config.cross_file_on(cfg, "cpu", 91, was_long=True)
+    assert config.cross_file_on(cfg, "cpu", 90, was_long=True)
+    assert not config.cross_file_on(cfg, "cpu", 91, was_long=True)
     assert config.cross_file_on(config.ServerConfig(cross_file=True), "cpu", 10 ** 6)
     assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0)
 
