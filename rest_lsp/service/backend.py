@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 HISTORY_SAVE_S = 60.0  # the history is written at most this often (and when the daemon closes)
 # Prompt tokens per forward when warming the cache: a completion that arrives meanwhile waits at most one such
-# chunk (about 0.2-0.3 s for the embedded model on 2 cores), at a small loss of throughput against 256.
+# chunk (the embedded model on 2 cores: 0.2-0.4 s; 0.36 s in bf16 after a 1,200-token cache on a Zen4 EPYC,
+# benchmarks/cost_curve.py), at a small loss of throughput against 256; 16-token chunks for a new cross-file
+# block were tried and gave the person nothing (docs/results/crossfile.md, 2026-12-05).
 WARM_CHUNK = 64
 # The text whose tokens the load-time tree check verifies (any text would do; code reads like the daemon's input)
 TREE_PROBE_TEXT = "def area(width, height):\n    return width * height\n"
