@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.verifier import SlotCache
 
+from .attention import tree_attention
 from .int8row import Int8RowLinear
 from .int4weight import WEIGHT_ONLY, fuse_weight_only
 from .ops import (MLP_GATED, UnsupportedModel, attention_window, mlp_act, mlp_names, norm, norm_params, pad_rows,
@@ -160,7 +161,8 @@ class StaticLM(torch.nn.Module):
     `start .. start+q-1` and attends over the first `span` slots under `mask` [q, span]; the eager path
     passes span = start + q, the compiled path span = max_len (static shapes, masked)."""
 
-    def __init__(self, model: Any, max_len: int, packed: bool, screen: bool = False, min_rows: int = 1):
+    def __init__(self, model: Any, max_len: int, packed: bool, screen: bool = False, min_rows: int = 1,
+                 kernel_attention: bool = True):
         super().__init__()
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
@@ -169,6 +171,12 @@ class StaticLM(torch.nn.Module):
         self.max_len = max_len
         self.dtype = model.model.embed_tokens.weight.dtype
         self.attention_dtype = None if sdpa_row_invariant() else torch.float64  # exact tree rows
+        # ... by the compiled kernel rather than float64 where it builds (attention.py); not beside torch.compile's
+        # buckets, which attend in float64 (their rows and the eager path's must round alike)
+        use_kernel = self.attention_dtype is not None and kernel_attention
+        self.tree_attention = tree_attention(self.dtype) if use_kernel else None
+        if self.tree_attention is not None:
+            self.kernel_tag = f"attention-{self.tree_attention.tag}"  # a c(q) measured with float64 is not reused
         self.embed = model.model.embed_tokens.weight.detach()  # shared with the HF model, no copy
         self.layers = torch.nn.ModuleList(Layer(l, packed, min_rows) for l in model.model.layers)
         self.norm = Norm(model.model.norm)
@@ -211,7 +219,10 @@ class StaticLM(torch.nn.Module):
             kv = cache[i]  # [2, nkv, max_len, hd]
             kv[0].index_copy_(1, slots, kh)
             kv[1].index_copy_(1, slots, vh)
-            att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, attention_dtype)  # [nh, q, hd]
+            if attention_dtype is not None and self.tree_attention is not None:
+                att = self.tree_attention(qh, kv[0, :, :span], kv[1, :, :span], mask)  # [nh, q, hd]
+            else:
+                att = attend(qh, kv[0, :, :span], kv[1, :, :span], mask, attention_dtype)
             x = x + layer.o(att.transpose(0, 1).reshape(q, nh * hd))
             x = x + layer.mlp(layer.post_norm(x))
         return self.norm(x)
@@ -246,7 +257,8 @@ class FastVerifier(SlotCache):
             raise UnsupportedModel(f"fast verifier: the screened head's bf16 copy and product {NO_BF16}")
         if compiled and any(isinstance(m, QUANTIZED) for m in model.modules()):
             raise UnsupportedModel("fast verifier: int8 models run the packed eager path, not compiled")
-        self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows).eval()
+        self.lm = StaticLM(model, max_len, packed=True, screen=screen, min_rows=min_rows,
+                           kernel_attention=not compiled).eval()
         # False: only argmax(-1) and the values of tokens that could win are exact (see ScreenedHead)
         self.exact_logits = not isinstance(self.lm.head, ScreenedHead)
         self.kind = "compiled" if compiled else ("packed" if self.exact_logits else "screened")
@@ -263,7 +275,7 @@ class FastVerifier(SlotCache):
         self.compile_seconds: dict[int, float] = {}
         self._compiled_fns: dict[int, Any] = {}
         if compiled:
-            self._compiled_lm = StaticLM(model, max_len, packed=False).eval()
+            self._compiled_lm = StaticLM(model, max_len, packed=False, kernel_attention=False).eval()
             self._compile_mode = mode
 
     # ------------------------------------------------------------------ protocol

@@ -3,6 +3,7 @@
     packing_available() / bf16_packing_available()   oneDNN's prepacked fp32 / bf16 products exist here
     cpu_has_bf16()          native bf16 dot products (AVX512-BF16, AMX): bf16 costs half of fp32 here
     sdpa_row_invariant()    torch's CPU attention gives a query row the same bits alone and among other rows
+    rows_alike(attention)   the same check of any attention function (the compiled tree attention's too)
     eager_row_invariant(dt) transformers' own forward (attention and F.linear) does, in dtype dt
     attend(q, k, v, mask, dtype)   the CPU forward's attention call (rest_lsp/model/fast.py), kept beside the
                             probe that checks it so that both run the same call
@@ -60,10 +61,18 @@ def sdpa_row_invariant() -> bool:
     round alike. A tree call differs from the single row in two ways, both checked: more query rows, and more
     keys (the tree's own, masked out for the root), so the row's span is longer. On the AVX-512 development
     CPUs both gave the same bits; on an AVX2-only EPYC (Zen3) neither did (rows 1-3 of each block of 32 query
-    rows, and trailing masked keys, changed the last bits), and the fast verifier then attends in float64 (as
-    rest_lsp/model/static.py always does): results agree to ~1e-16 whatever the kernel's order, far below the
-    rounding to fp32 that follows. The cost there: a 1,536-token prefill of the embedded model 11.5 -> 14.0-14.7
-    s, an 8-row step +17% (docs/cpu.md)."""
+    rows, and trailing masked keys, changed the last bits), nor on a Xeon with AMX or a Zen4 EPYC. The fast
+    verifier then attends with rest_lsp/model/attention.py's kernel, exact by construction, or in float64 where
+    that kernel cannot be built (as rest_lsp/model/static.py always does): results agree to ~1e-16 whatever the
+    kernel's order, far below the rounding to fp32 that follows. The cost of float64 there: a 1,536-token
+    prefill of the embedded model 11.5 -> 14.0-14.7 s, an 8-row step +17% (docs/cpu.md)."""
+    return rows_alike(lambda q, k, v, mask: attend(q, k, v, mask, None))
+
+
+def rows_alike(attention) -> bool:
+    """Whether `attention(q [nh, n, hd], k, v [nkv, span, hd], mask [n, span])` gives each query row the same bits
+    alone (over its own span) as among 1-69 rows whose span grows as a draft tree's does, after 41 and 300
+    cached keys: sdpa_row_invariant's probe, also run on the compiled tree attention before it is used."""
     g = torch.Generator().manual_seed(0)
     n, keys = 70, 400
     q, k, v = (torch.randn(shape, generator=g) for shape in ((4, n, 64), (2, keys, 64), (2, keys, 64)))
@@ -72,9 +81,9 @@ def sdpa_row_invariant() -> bool:
         mask[:, :past] = True
         mask[:, past] = True  # every row sees the root (row 0) ...
         mask[torch.arange(n), past + torch.arange(n)] = True  # ... and itself: siblings below the root
-        full = attend(q, k[:, :past + n], v[:, :past + n], mask, None)
+        full = attention(q, k[:, :past + n], v[:, :past + n], mask)
         for m in range(1, n):
-            if not torch.equal(attend(q[:, :m], k[:, :past + m], v[:, :past + m], mask[:m, :past + m], None),
+            if not torch.equal(attention(q[:, :m], k[:, :past + m], v[:, :past + m], mask[:m, :past + m]),
                                full[:, :m]):
                 return False
     return True

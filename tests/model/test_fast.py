@@ -4,6 +4,7 @@ emits), across architectures, seeds, tree shapes, cache lengths and precisions."
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -133,18 +134,28 @@ def test_tree_speculation_emits_plain_greedy(kind, seed):
     assert spec_steps < plain_steps  # drafts were accepted, so the keep() paths were exercised
 
 
+@pytest.mark.parametrize("exact", ["float64", "kernel"])
 @pytest.mark.parametrize("kind,seed", [("qwen2", 0), ("qwen3", 5), ("llama", 3), ("starcoder2", 9)])
-def test_prompt_chunks_attend_in_the_models_dtype_and_trees_stay_exact(kind, seed, monkeypatch):
+def test_prompt_chunks_attend_in_the_models_dtype_and_trees_stay_exact(kind, seed, exact, monkeypatch):
     """Where the CPU's attention is not row-invariant (forced here, as sdpa_row_invariant() = False makes it),
-    tree rows and decoding steps attend in float64, and a prompt chunk (`prompt=True`: rows nothing is compared
-    with) in the model's dtype, the cheaper path; greedy tree speculation after such a prompt still emits what
-    plain decoding after the same prompt emits, and the float64 path still gives a row the same logits alone and
-    among siblings."""
+    tree rows and decoding steps attend exactly (the compiled tree attention, or float64 where it does not
+    build), and a prompt chunk (`prompt=True`: rows nothing is compared with) in the model's dtype, the cheaper
+    path; greedy tree speculation after such a prompt still emits what plain decoding after the same prompt
+    emits, and the exact path still gives a row the same logits alone and among siblings."""
     from rest_lsp.model import fast as fast_module
+    from rest_lsp.model.attention import tree_attention
 
     model = tiny(kind, seed)
-    fast = FastVerifier(model, max_len=256)
-    fast.lm.attention_dtype = torch.float64
+    kernel = tree_attention(model.dtype) if exact == "kernel" else None
+    if exact == "kernel" and kernel is None:
+        assert shutil.which("g++") is None and shutil.which("c++") is None  # it builds wherever a compiler is
+        pytest.skip("no C++ compiler: float64 only")
+
+    def exact_path(v: FastVerifier) -> FastVerifier:
+        v.lm.attention_dtype, v.lm.tree_attention = torch.float64, kernel
+        return v
+
+    fast = exact_path(FastVerifier(model, max_len=256))
     dtypes: list = []
     real = fast_module.attend
 
@@ -152,15 +163,22 @@ def test_prompt_chunks_attend_in_the_models_dtype_and_trees_stay_exact(kind, see
         dtypes.append(dtype)
         return real(q, k, v, mask, dtype)
 
+    def kernel_spy(q, k, v, mask):
+        dtypes.append(torch.float64)  # the exact path, whichever computes it
+        return kernel(q, k, v, mask)
+
     monkeypatch.setattr(fast_module, "attend", spy)
+    if kernel is not None:
+        fast.lm.tree_attention = kernel_spy
     x = prompt(seed, 30)
     with torch.inference_mode():
         fast.truncate(0)
         chunk = fast.forward(x, torch.arange(30), chain_mask(30), rows=[29], prompt=True)
         assert dtypes == [None] * len(fast.lm.layers)
         dtypes.clear()
-        exact = FastVerifier(model, max_len=256)  # the same prompt on the float64 path: close, computed otherwise
-        exact.lm.attention_dtype = torch.float64
+        exact = exact_path(FastVerifier(model, max_len=256))  # the same prompt on the exact path: close
+        if kernel is not None:
+            exact.lm.tree_attention = kernel_spy
         torch.testing.assert_close(chunk, exact.forward(x, torch.arange(30), chain_mask(30), rows=[29]),
                                    atol=1e-4, rtol=1e-4)
         assert dtypes == [torch.float64] * len(fast.lm.layers)

@@ -1,0 +1,198 @@
+// Attention for the rows of a draft tree on a CPU whose own attention is not row-invariant (rest_lsp/model/
+// attention.py says why and how it is used). A query row's result depends on its own visible keys only, taken in
+// slot order: neither the other rows of the call nor the keys hidden from it (the tree's other branches, the
+// padding of the last tile) change one bit of it, so a tree row rounds exactly as plain decoding's single row.
+// How: every operation on a score or a weight is elementwise on 16-lane vectors (the same operations in every
+// lane, no scalar tails), the weighted sum of values runs in slot order, the weights' sum in lanes by the key's
+// rank among the row's visible keys reduced in a fixed order, a hidden key's weight is exactly 0 (adding 0
+// changes nothing), and the compiler may neither fuse nor reorder (-ffp-contract=off, no -ffast-math).
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static const int W = 16;    // lanes
+static const int TILE = 32; // keys a tile: two vectors
+
+static inline v16 splat(float x) { return (v16){} + x; }
+static inline v16 load(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static inline void store(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+static inline v16 exp_nonpositive(v16 x) {
+    // Cephes' expf for x <= 0, lane by lane: the same operations in every lane
+    x = x < splat(-87.0f) ? splat(-87.0f) : x;
+    v16 t = x * 1.44269504088896341f;
+    v16 k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+    v16 r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+    v16 y = splat(1.9875691500e-4f);
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = (y * (r * r) + r) + 1.0f;
+    v16i n = (__builtin_convertvector(k, v16i) + 127) << 23;
+    v16 two;
+    memcpy(&two, &n, sizeof two);
+    return y * two;
+}
+
+static inline float to_f32(float x) { return x; }
+static inline float to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// HD: the head width (0: any, read from hd); C = HD / 16 value vectors a row
+template <typename T, int HD>
+static void attend_head(const float *q, const T *k, const T *v, int64_t head_stride, const uint8_t *mask, int nh,
+                        int nkv, int nq, int span, int hd_arg, float scale, float *out, int g) {
+    const int hd = HD ? HD : hd_arg;
+    const int group = nh / nkv, R = group * nq;
+    const int span_pad = (span + TILE - 1) / TILE * TILE;
+    static thread_local std::vector<float> buffer;
+    const size_t need = (size_t)R * span_pad + (size_t)TILE * hd + (size_t)R * hd + R + span_pad + span_pad / 4 + 16;
+    if (buffer.size() < need) buffer.resize(need);
+    float *S = buffer.data();                        // [R, span_pad] scores, then weights
+    float *tile = S + (int64_t)R * span_pad;         // [hd, TILE] keys transposed, or [TILE, hd] values
+    float *acc = tile + (int64_t)TILE * hd;          // [R, hd]
+    float *totals = acc + (int64_t)R * hd;           // [R]
+    float *ranked = totals + R;                      // [span_pad] a row's visible weights in slot order
+    uint8_t *vis = (uint8_t *)(ranked + span_pad);   // [span_pad] a row's mask, padded with 0
+    {
+        const T *kg = k + g * head_stride, *vg = v + g * head_stride;
+        // scores: S[row, j] = sum over d in order of q[row, d] * k[j, d]
+        for (int j0 = 0; j0 < span_pad; j0 += TILE) {
+            const int n = span - j0 < TILE ? span - j0 : TILE;
+            for (int l = 0; l < TILE; l++) {
+                if (l < n) {
+                    const T *kj = kg + (int64_t)(j0 + l) * hd;
+                    for (int d = 0; d < hd; d++) tile[d * TILE + l] = to_f32(kj[d]);
+                } else {
+                    for (int d = 0; d < hd; d++) tile[d * TILE + l] = 0.0f;
+                }
+            }
+            int row = 0;
+            for (; row + 4 <= R; row += 4) {
+                const float *q0 = q + ((int64_t)(g * group + row / nq) * nq + row % nq) * hd;
+                const float *q1 = q + ((int64_t)(g * group + (row + 1) / nq) * nq + (row + 1) % nq) * hd;
+                const float *q2 = q + ((int64_t)(g * group + (row + 2) / nq) * nq + (row + 2) % nq) * hd;
+                const float *q3 = q + ((int64_t)(g * group + (row + 3) / nq) * nq + (row + 3) % nq) * hd;
+                v16 a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+                for (int d = 0; d < hd; d++) {
+                    v16 t0 = load(tile + d * TILE), t1 = load(tile + d * TILE + W);
+                    a0 = a0 + q0[d] * t0; b0 = b0 + q0[d] * t1;
+                    a1 = a1 + q1[d] * t0; b1 = b1 + q1[d] * t1;
+                    a2 = a2 + q2[d] * t0; b2 = b2 + q2[d] * t1;
+                    a3 = a3 + q3[d] * t0; b3 = b3 + q3[d] * t1;
+                }
+                float *s = S + (int64_t)row * span_pad + j0;
+                store(s, a0); store(s + W, b0);
+                store(s + span_pad, a1); store(s + span_pad + W, b1);
+                store(s + 2 * span_pad, a2); store(s + 2 * span_pad + W, b2);
+                store(s + 3 * span_pad, a3); store(s + 3 * span_pad + W, b3);
+            }
+            for (; row < R; row++) {
+                const float *q0 = q + ((int64_t)(g * group + row / nq) * nq + row % nq) * hd;
+                v16 a0 = {}, b0 = {};
+                for (int d = 0; d < hd; d++) {
+                    a0 = a0 + q0[d] * load(tile + d * TILE);
+                    b0 = b0 + q0[d] * load(tile + d * TILE + W);
+                }
+                float *s = S + (int64_t)row * span_pad + j0;
+                store(s, a0); store(s + W, b0);
+            }
+        }
+        // softmax over the row's visible keys; hidden and padded keys get exactly 0
+        for (int row = 0; row < R; row++) {
+            float *s = S + (int64_t)row * span_pad;
+            memcpy(vis, mask + (int64_t)(row % nq) * span, span);
+            memset(vis + span, 0, span_pad - span);
+            v16 mx = splat(-__builtin_inff());
+            for (int j0 = 0; j0 < span_pad; j0 += W) {
+                v16i seen;
+                for (int l = 0; l < W; l++) seen[l] = vis[j0 + l];
+                v16 x = load(s + j0);
+                mx = seen != 0 && x > mx ? x : mx;
+            }
+            float m = mx[0];
+            for (int l = 1; l < W; l++) m = mx[l] > m ? mx[l] : m;
+            for (int j0 = 0; j0 < span_pad; j0 += W) {
+                v16i seen;
+                for (int l = 0; l < W; l++) seen[l] = vis[j0 + l];
+                v16 p = exp_nonpositive((load(s + j0) - m) * scale);
+                store(s + j0, seen != 0 ? p : splat(0.0f));
+            }
+            // the weights' sum in lanes by the key's rank among the row's visible keys, not by its slot: a
+            // tree's path sits in scattered slots that plain decoding holds side by side
+            int n = 0;
+            for (int j = 0; j < span; j++)
+                if (vis[j]) ranked[n++] = s[j];
+            for (int l = n; l < (n + W - 1) / W * W; l++) ranked[l] = 0.0f;
+            v16 lanes = {};
+            for (int t0 = 0; t0 < n; t0 += W) lanes = lanes + load(ranked + t0);
+            float h8[8], h4[4];
+            for (int l = 0; l < 8; l++) h8[l] = lanes[l] + lanes[l + 8];
+            for (int l = 0; l < 4; l++) h4[l] = h8[l] + h8[l + 4];
+            totals[row] = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+        }
+        // values: o[row, :] = sum over j in order of p[row, j] * v[j, :]
+        memset(acc, 0, sizeof(float) * R * hd);
+        for (int j0 = 0; j0 < span_pad; j0 += TILE) {
+            const int n = span - j0 < TILE ? span - j0 : TILE;
+            for (int l = 0; l < TILE; l++) {
+                const T *vj = vg + (int64_t)(j0 + l) * hd;
+                for (int d = 0; d < hd; d++) tile[l * hd + d] = l < n ? to_f32(vj[d]) : 0.0f;
+            }
+            for (int row = 0; row < R; row++) {
+                const float *p = S + (int64_t)row * span_pad + j0;
+                float *o = acc + (int64_t)row * hd;
+                if (HD) {
+                    v16 oc[HD ? HD / W : 1];
+                    for (int c = 0; c < HD / W; c++) oc[c] = load(o + c * W);
+                    for (int l = 0; l < TILE; l++)
+                        for (int c = 0; c < HD / W; c++) oc[c] = oc[c] + p[l] * load(tile + l * hd + c * W);
+                    for (int c = 0; c < HD / W; c++) store(o + c * W, oc[c]);
+                } else {
+                    for (int l = 0; l < TILE; l++)
+                        for (int d = 0; d < hd; d++) o[d] = o[d] + p[l] * tile[l * hd + d];
+                }
+            }
+        }
+        for (int row = 0; row < R; row++) {
+            float *dst = out + ((int64_t)(g * group + row / nq) * nq + row % nq) * hd;
+            for (int d = 0; d < hd; d++) dst[d] = acc[(int64_t)row * hd + d] / totals[row];
+        }
+    }
+}
+
+template <typename T>
+static int dispatch(const float *q, const T *k, const T *v, int64_t head_stride, const uint8_t *mask, int nh,
+                    int nkv, int nq, int span, int hd, float scale, float *out) {
+    if (nkv <= 0 || nh % nkv || nq <= 0 || span <= 0 || hd <= 0) return 1;
+    // each key/value head on its own thread (torch's OpenMP pool: the same libgomp.so.1), every head's rows
+    // computed alike whichever thread runs it
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < nkv; g++) {
+        if (hd == 64) attend_head<T, 64>(q, k, v, head_stride, mask, nh, nkv, nq, span, hd, scale, out, g);
+        else if (hd == 128) attend_head<T, 128>(q, k, v, head_stride, mask, nh, nkv, nq, span, hd, scale, out, g);
+        else attend_head<T, 0>(q, k, v, head_stride, mask, nh, nkv, nq, span, hd, scale, out, g);
+    }
+    return 0;
+}
+
+extern "C" {
+int rest_attend_f32(const float *q, const float *k, const float *v, int64_t head_stride, const uint8_t *mask, int nh,
+                    int nkv, int nq, int span, int hd, float scale, float *out) {
+    return dispatch<float>(q, k, v, head_stride, mask, nh, nkv, nq, span, hd, scale, out);
+}
+int rest_attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, int64_t head_stride, const uint8_t *mask,
+                     int nh, int nkv, int nq, int span, int hd, float scale, float *out) {
+    return dispatch<uint16_t>(q, k, v, head_stride, mask, nh, nkv, nq, span, hd, scale, out);
+}
+}
