@@ -144,9 +144,11 @@ def cost_key(name: str, precision: str, device: str, verifier: object) -> str:
     threads = torch.get_num_threads()
     # FastVerifier's kind (packed, screened, compiled): each has its own c(q)
     kind = type(verifier).__name__ + (f"-{verifier.kind}" if getattr(verifier, "kind", None) else "")
-    # attention in float64 where the CPU's fp32 SDPA is not row-invariant (rest_lsp/model/probes.py) costs more
-    if getattr(getattr(verifier, "lm", None), "attention_dtype", None) == torch.float64:
-        kind += "-att64"
+    # exact attention where the CPU's SDPA is not row-invariant (rest_lsp/model/probes.py) costs more: the
+    # compiled kernel (rest_lsp/model/attention.py), or float64 where it does not build
+    lm = getattr(verifier, "lm", None)
+    if getattr(lm, "attention_dtype", None) == torch.float64:
+        kind += "-attk" if getattr(lm, "tree_attention", None) is not None else "-att64"
     raw = (f"{name}-{precision}-{device}-{kind}-t{threads}-torch{torch.__version__}-v{MEASURE_VERSION}"
            f"-{forward_code(verifier)}")
     return safe_filename(raw)

@@ -165,6 +165,7 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rest_lsp.engine.cost import cost_key
+    from rest_lsp.model.attention import tree_attention
     from rest_lsp.model.ops import UnsupportedModel
     from rest_lsp.model.probes import bf16_packing_available
     from rest_lsp.model.verifiers import make_verifier_or_eager, verifier_kind
@@ -184,12 +185,16 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     assert [verifier_kind(make_verifier_or_eager(tiny_lm, k)) for k in keys] == list(keys)
     assert len(set(keys.values())) == len(kinds)
     # float64 attention (where fp32 SDPA is not row-invariant) has its own c(q): a c(q) measured with fp32
-    # attention underestimated tree rows on an AVX2-only CPU
+    # attention underestimated tree rows on an AVX2-only CPU; and so has the compiled tree attention that replaces float64 where it builds
     packed = make_verifier_or_eager(tiny_lm, "packed")
-    packed.lm.attention_dtype = None
+    kernel = tree_attention(torch.float32)
+    packed.lm.attention_dtype, packed.lm.tree_attention = None, None
     fp32_key = cost_key("tiny", "fp32", "cpu", packed)
     packed.lm.attention_dtype = torch.float64
     assert cost_key("tiny", "fp32", "cpu", packed) == fp32_key.replace("packed", "packed-att64")
+    if kernel is not None:
+        packed.lm.tree_attention = kernel
+        assert cost_key("tiny", "fp32", "cpu", packed) == fp32_key.replace("packed", "packed-attk")
 
 
 def test_bench_history_saved_and_restored(tiny_dir, prompts_file, tmp_path, capsys):
