@@ -64,8 +64,8 @@ class TreeAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         nh, nq, hd = q.shape
         nkv, span = k.shape[0], k.shape[1]
-        if k.dtype != self.dtype or v.dtype != self.dtype or k.stride() != v.stride() \
-                or k.stride()[1:] != (hd, 1) or mask.shape != (nq, span):
+        if k.dtype != self.dtype or v.dtype != self.dtype or k.shape != v.shape or k.shape[2] != hd \
+                or k.stride() != v.stride() or k.stride()[1:] != (hd, 1) or mask.shape != (nq, span):
             raise ValueError(f"tree attention: keys and values must be {self.dtype} [nkv, span, hd] rows of one "
                              f"cache layout, mask [{nq}, {span}]; got {tuple(k.shape)} {k.dtype} {k.stride()}, "
                              f"mask {tuple(mask.shape)}")

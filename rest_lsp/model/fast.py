@@ -26,9 +26,10 @@ so no screening); `packed` and `screened` both give that path.
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
 exactly what plain decoding with that same verifier emits (tests/model/test_fast.py). Attention runs in the
 model's dtype where the CPU's attention is row-invariant (rest_lsp/model/probes.py sdpa_row_invariant), else
-in float64; a prompt chunk (`forward(..., prompt=True)`: rows that no tree row is compared with) always attends
-in the model's dtype, which on such a CPU costs 0.65x float64's for a 64-token chunk after 1,000 cached tokens
-(docs/cpu.md).
+through a compiled kernel exact by construction (rest_lsp/model/attention.py), or in float64 where that does not
+build or beside torch.compile's buckets; a prompt chunk (`forward(..., prompt=True)`: rows that no tree row is
+compared with) always attends in the model's dtype, which on such a CPU costs 0.65x float64's for a 64-token
+chunk after 1,000 cached tokens (docs/cpu.md).
 """
 from __future__ import annotations
 
