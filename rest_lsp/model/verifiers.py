@@ -147,6 +147,18 @@ def verifier_kind(verifier: Any) -> str:
     return str(getattr(verifier, "kind", None) or type(verifier).__name__)
 
 
+def attention_kind(verifier: Any) -> str:
+    """How a verifier's tree and decoding rows attend (rest/stats `model.trees.attention`): "kernel" (the compiled
+    tree attention, rest_lsp/model/attention.py), "float64" (exact, slower), "model dtype" (where the CPU's own
+    attention is row-invariant), or "transformers" (the eager forward's own)."""
+    if isinstance(verifier, HFVerifier):
+        return "transformers"
+    owner = getattr(verifier, "lm", verifier)  # FastVerifier keeps it on its StaticLM, StaticVerifier on itself
+    if getattr(owner, "tree_attention", None) is not None:
+        return "kernel"
+    return "float64" if getattr(owner, "attention_dtype", None) == torch.float64 else "model dtype"
+
+
 @dataclass(frozen=True)
 class TreeCheck:
     """The outcome of check_tree_rows: `exact` False with the `reason` where a tree row parted from plain

@@ -80,13 +80,14 @@ class EngineBackend:
         # the policy `rest-lsp bench --methods rest` measures (rest_lsp/engine/policy.py)
         sources = make_sources("rest", context=self.context, history=self.history, repository=repository,
                                corpus=self.corpus, snippets=self.snippets)
-        from rest_lsp.model.verifiers import choose_verifier
+        from rest_lsp.model.verifiers import attention_kind, choose_verifier
 
         # which verifier runs here and whether its tree rows are exact: checked on this device and CPU, through
         # the verifier chosen, rather than assumed per kind (rest_lsp/model/verifiers.py)
         chosen = choose_verifier(loaded, self.encode(TREE_PROBE_TEXT))
         verifier = chosen.verifier
         self.verifier_kind = chosen.kind
+        self.attention = attention_kind(verifier)  # how its tree rows attend: kernel, float64, ...
         self.tree_check = chosen.trees
         self.trees_exact = self.tree_check.exact
         if not self.trees_exact:
@@ -317,7 +318,7 @@ class EngineBackend:
     def describe(self) -> dict:
         lm = self.loaded
         return {"name": lm.name, "device": str(lm.device), "precision": lm.precision, "verifier": self.verifier_kind,
-                "trees": self.tree_check.describe() | {"exact": self.trees_exact},
+                "trees": self.tree_check.describe() | {"exact": self.trees_exact, "attention": self.attention},
                 "layout": resolve_layout(self.config_seen.layout) if self.config_seen else None,
                 "precision_choice": self.precision_choice,
                 # a copy: the inference thread adds to it (an idle measurement) while the stats are serialised

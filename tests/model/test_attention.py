@@ -98,3 +98,27 @@ def test_a_missing_compiler_falls_back_to_float64(monkeypatch, tmp_path):
         assert tree_attention(torch.float32) is None
     finally:
         tree_attention.cache_clear()
+
+
+def test_the_daemon_says_how_its_tree_rows_attend(tmp_path):
+    """rest/stats `model.trees.attention`: which of the exact paths the verifier took on this CPU."""
+    from rest_lsp.engine.verifier import HFVerifier
+    from rest_lsp.model.fast import FastVerifier
+    from rest_lsp.model.host import load_model
+    from rest_lsp.model.probes import sdpa_row_invariant
+    from rest_lsp.model.verifiers import attention_kind
+    from rest_lsp.service.backend import EngineBackend
+    from rest_lsp.service.datastores import DatastoreSet
+    from testmodels.tiny import make_tiny_model_dir
+
+    loaded = load_model(make_tiny_model_dir(tmp_path / "m"), device="cpu", precision="fp32")
+    backend = EngineBackend(loaded, DatastoreSet())
+    here = "model dtype" if sdpa_row_invariant() else "kernel"
+    assert backend.describe()["trees"]["attention"] == here
+    fast = FastVerifier(loaded.model, max_len=64)
+    assert attention_kind(fast) == here
+    fast.lm.attention_dtype, fast.lm.tree_attention = torch.float64, None
+    assert attention_kind(fast) == "float64"
+    fast.lm.tree_attention = tree_attention(torch.float32)
+    assert attention_kind(fast) == "kernel"
+    assert attention_kind(HFVerifier(loaded.model)) == "transformers"
