@@ -12,12 +12,14 @@ cached tokens: on a 2-core Zen4 EPYC, 4 rows of the 0.5B model over 1,200 cached
 (14 ms of a ~60 ms step over 24 layers) against 0.33 ms for bf16 SDPA, which is not exact. This kernel gives the
 same bits by construction, in fp32 arithmetic over the cache as it is: 0.18 ms a layer there (docs/cpu.md).
 
-How a row stays bit-identical: every operation on a score or a weight is elementwise on 16-lane vectors (the same
-operations in every lane), the weighted sum of values visits the keys in slot order, and the weights' sum adds them
+How a row stays bit-identical: every operation on a score or a weight is elementwise on vectors of the CPU's width
+(16 lanes with AVX-512, 8 with AVX2: wider ones spill to the stack, and 16 lanes built for AVX2 ran 13x slower than
+8; the same operations in every lane), the weighted sum of values visits the keys in slot order, and the weights' sum adds them
 in lanes by each key's rank among the row's visible keys (a tree's path sits in scattered slots, which plain
 decoding holds side by side), reduced in a fixed order; a key hidden from the row (another branch of the tree, the
 padding of a tile) gets weight exactly 0, and adding 0 changes no sum. The other rows of a call and the length of
-the span change nothing. The compiler is told not to fuse or reorder (-ffp-contract=off), and `rows_alike` checks
+the span change nothing. The compiler is told not to fuse or reorder on its own (-ffp-contract=off; the dot products' multiply-adds are
+fused where written, in every lane alike), and `rows_alike` checks
 the compiled kernel once per process before it is used (a compiler that vectorises otherwise: float64), as the
 load-time check of every verifier checks a kept tree path against single rows (rest_lsp/model/verifiers.py).
 
@@ -45,7 +47,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "attention.cpp"
-FLAGS = ["-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
 DTYPES = {torch.float32: "rest_attend_f32", torch.bfloat16: "rest_attend_bf16"}
 _P = ctypes.c_void_p
 _ARGS = [_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -95,15 +97,17 @@ def _cpu() -> str:
     return "\n".join(lines[:2])
 
 
-def _build() -> tuple[ctypes.CDLL, str]:
-    """The kernel's library for this source, compiler and CPU: built once (atomically), then loaded."""
+def _build(march: str = "native") -> tuple[ctypes.CDLL, str]:
+    """The kernel's library for this source, compiler and CPU: built once (atomically), then loaded. `march`
+    another target than this CPU (the tests build narrower vector widths, as an AVX2-only CPU's)."""
     from restbase.storage import cache_root, tmp_name
 
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, c++ or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()]).encode()).hexdigest()
+    flags = [*FLAGS, f"-march={march}"]
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu()]).encode()).hexdigest()
     tag = digest[:16]
     out = cache_root() / "kernels" / f"attention-{tag}.so"
     if not out.exists():
@@ -111,7 +115,7 @@ def _build() -> tuple[ctypes.CDLL, str]:
         tmp = tmp_name(out)
         errors = ""
         for openmp in (["-fopenmp"], []):  # without OpenMP (a compiler without libgomp): one thread
-            r = subprocess.run([cxx, *FLAGS, *openmp, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+            r = subprocess.run([cxx, *flags, *openmp, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
                                timeout=300)
             if r.returncode == 0:
                 break

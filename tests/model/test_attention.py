@@ -3,13 +3,15 @@ rows of a draft tree, over the same model-dtype cache, and the values attention 
 fp32 rounding)."""
 from __future__ import annotations
 
+import os
+import platform
 import shutil
 
 import pytest
 import torch
 
 from rest_lsp.model import attention as attention_module
-from rest_lsp.model.attention import tree_attention
+from rest_lsp.model.attention import TreeAttention, tree_attention
 from rest_lsp.model.probes import attend, rows_alike
 
 if shutil.which("g++") is None and shutil.which("c++") is None:
@@ -38,6 +40,30 @@ def test_a_tree_row_has_the_bits_of_the_same_row_decoded_alone(dtype, nh, nkv, h
     the cache length (not a multiple of the kernel's lanes or tiles)."""
     att = tree_attention(dtype)
     assert att is not None
+    assert_tree_rows_exact(att, dtype, nh, nkv, hd)
+
+
+def cpu_has(*flags: str) -> bool:
+    text = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    have = next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), [])
+    return all(f in have for f in flags)
+
+
+@pytest.mark.parametrize("march", ["x86-64", "haswell"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_narrower_vectors_keep_tree_rows_exact(march, dtype):
+    """Built for another CPU's vector width than this one's (4 lanes without AVX, 8 with AVX2 and its fused
+    multiply-adds), as on an AVX2-only machine: the same guarantee."""
+    if platform.machine() not in ("x86_64", "AMD64") or (march == "haswell" and not cpu_has("avx2", "fma", "bmi2")):
+        pytest.skip(f"this CPU cannot run a {march} build")
+    lib, tag = attention_module._build(march)
+    att = TreeAttention(lib, dtype, tag)
+    assert rows_alike(lambda q, k, v, mask: att(q.to(dtype), k.to(dtype), v.to(dtype), mask))
+    for nh, nkv, hd in ((14, 2, 64), (6, 1, 16)):
+        assert_tree_rows_exact(att, dtype, nh, nkv, hd)
+
+
+def assert_tree_rows_exact(att, dtype, nh, nkv, hd):
     g = torch.Generator().manual_seed(hd + nh)
     cache = torch.randn(2, nkv, 512, hd, generator=g).to(dtype)
     for past, n in ((1, 5), (37, 16), (300, 23)):

@@ -2,40 +2,64 @@
 // attention.py says why and how it is used). A query row's result depends on its own visible keys only, taken in
 // slot order: neither the other rows of the call nor the keys hidden from it (the tree's other branches, the
 // padding of the last tile) change one bit of it, so a tree row rounds exactly as plain decoding's single row.
-// How: every operation on a score or a weight is elementwise on 16-lane vectors (the same operations in every
-// lane, no scalar tails), the weighted sum of values runs in slot order, the weights' sum in lanes by the key's
-// rank among the row's visible keys reduced in a fixed order, a hidden key's weight is exactly 0 (adding 0
-// changes nothing), and the compiler may neither fuse nor reorder (-ffp-contract=off, no -ffast-math).
+// How: every operation on a score or a weight is elementwise on vectors of the CPU's width (the same operations in
+// every lane, no scalar tails), the weighted sum of values runs in slot order, the weights' sum in lanes by the
+// key's rank among the row's visible keys reduced in a fixed order, a hidden key's weight is exactly 0 (adding 0
+// changes nothing), and the compiler may neither fuse nor reorder on its own (-ffp-contract=off, no -ffast-math):
+// the multiply-adds fused are written out (fmav).
 #include <stdint.h>
 #include <string.h>
+#include <immintrin.h>
 
 #include <vector>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+// the CPU's own vector width: wider generic vectors are split and spilled to the stack (16 lanes built for AVX2
+// ran 12x slower than 8)
+#if defined(__AVX512F__)
+#define VBYTES 64
+#elif defined(__AVX__)
+#define VBYTES 32
+#else
+#define VBYTES 16
+#endif
+typedef float vf __attribute__((vector_size(VBYTES)));
+typedef int32_t vi __attribute__((vector_size(VBYTES)));
+typedef uint8_t vb __attribute__((vector_size(VBYTES / 4)));
 
-static const int W = 16;    // lanes
-static const int TILE = 32; // keys a tile: two vectors
+static const int W = VBYTES / 4; // lanes
+static const int TILE = 2 * W;   // keys a tile: two vectors
 
-static inline v16 splat(float x) { return (v16){} + x; }
-static inline v16 load(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
-static inline void store(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+static inline vf splat(float x) { return (vf){} + x; }
+static inline vf load(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
+static inline void store(float *p, vf x) { memcpy(p, &x, sizeof x); }
 
-static inline v16 exp_nonpositive(v16 x) {
+// c + a * b rounded once where the CPU fuses it (half the instructions of the two dot products), else rounded
+// twice: either way the same in every lane and every call, which is all a row's bits depend on
+static inline vf fmav(vf a, vf b, vf c) {
+#if VBYTES == 64
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif VBYTES == 32 && defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return c + a * b;
+#endif
+}
+
+static inline vf exp_nonpositive(vf x) {
     // Cephes' expf for x <= 0, lane by lane: the same operations in every lane
     x = x < splat(-87.0f) ? splat(-87.0f) : x;
-    v16 t = x * 1.44269504088896341f;
-    v16 k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
-    v16 r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-    v16 y = splat(1.9875691500e-4f);
+    vf t = x * 1.44269504088896341f;
+    vf k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+    vf r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+    vf y = splat(1.9875691500e-4f);
     y = y * r + 1.3981999507e-3f;
     y = y * r + 8.3334519073e-3f;
     y = y * r + 4.1665795894e-2f;
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = (y * (r * r) + r) + 1.0f;
-    v16i n = (__builtin_convertvector(k, v16i) + 127) << 23;
-    v16 two;
+    vi n = (__builtin_convertvector(k, vi) + 127) << 23;
+    vf two;
     memcpy(&two, &n, sizeof two);
     return y * two;
 }
@@ -48,7 +72,7 @@ static inline float to_f32(uint16_t x) {
     return f;
 }
 
-// HD: the head width (0: any, read from hd); C = HD / 16 value vectors a row
+// HD: the head width (0: any, read from hd); HD / W value vectors a row
 template <typename T, int HD>
 static void attend_head(const float *q, const T *k, const T *v, int64_t head_stride, const uint8_t *mask, int nh,
                         int nkv, int nq, int span, int hd_arg, float scale, float *out, int g) {
@@ -83,13 +107,14 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
                 const float *q1 = q + ((int64_t)(g * group + (row + 1) / nq) * nq + (row + 1) % nq) * hd;
                 const float *q2 = q + ((int64_t)(g * group + (row + 2) / nq) * nq + (row + 2) % nq) * hd;
                 const float *q3 = q + ((int64_t)(g * group + (row + 3) / nq) * nq + (row + 3) % nq) * hd;
-                v16 a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+                vf a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
                 for (int d = 0; d < hd; d++) {
-                    v16 t0 = load(tile + d * TILE), t1 = load(tile + d * TILE + W);
-                    a0 = a0 + q0[d] * t0; b0 = b0 + q0[d] * t1;
-                    a1 = a1 + q1[d] * t0; b1 = b1 + q1[d] * t1;
-                    a2 = a2 + q2[d] * t0; b2 = b2 + q2[d] * t1;
-                    a3 = a3 + q3[d] * t0; b3 = b3 + q3[d] * t1;
+                    vf t0 = load(tile + d * TILE), t1 = load(tile + d * TILE + W);
+                    const vf x0 = splat(q0[d]), x1 = splat(q1[d]), x2 = splat(q2[d]), x3 = splat(q3[d]);
+                    a0 = fmav(x0, t0, a0); b0 = fmav(x0, t1, b0);
+                    a1 = fmav(x1, t0, a1); b1 = fmav(x1, t1, b1);
+                    a2 = fmav(x2, t0, a2); b2 = fmav(x2, t1, b2);
+                    a3 = fmav(x3, t0, a3); b3 = fmav(x3, t1, b3);
                 }
                 float *s = S + (int64_t)row * span_pad + j0;
                 store(s, a0); store(s + W, b0);
@@ -99,10 +124,10 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
             }
             for (; row < R; row++) {
                 const float *q0 = q + ((int64_t)(g * group + row / nq) * nq + row % nq) * hd;
-                v16 a0 = {}, b0 = {};
+                vf a0 = {}, b0 = {};
                 for (int d = 0; d < hd; d++) {
-                    a0 = a0 + q0[d] * load(tile + d * TILE);
-                    b0 = b0 + q0[d] * load(tile + d * TILE + W);
+                    a0 = fmav(splat(q0[d]), load(tile + d * TILE), a0);
+                    b0 = fmav(splat(q0[d]), load(tile + d * TILE + W), b0);
                 }
                 float *s = S + (int64_t)row * span_pad + j0;
                 store(s, a0); store(s + W, b0);
@@ -113,19 +138,21 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
             float *s = S + (int64_t)row * span_pad;
             memcpy(vis, mask + (int64_t)(row % nq) * span, span);
             memset(vis + span, 0, span_pad - span);
-            v16 mx = splat(-__builtin_inff());
+            vf mx = splat(-__builtin_inff());
             for (int j0 = 0; j0 < span_pad; j0 += W) {
-                v16i seen;
-                for (int l = 0; l < W; l++) seen[l] = vis[j0 + l];
-                v16 x = load(s + j0);
+                vb bytes;
+                memcpy(&bytes, vis + j0, W);
+                const vi seen = __builtin_convertvector(bytes, vi);
+                vf x = load(s + j0);
                 mx = seen != 0 && x > mx ? x : mx;
             }
             float m = mx[0];
             for (int l = 1; l < W; l++) m = mx[l] > m ? mx[l] : m;
             for (int j0 = 0; j0 < span_pad; j0 += W) {
-                v16i seen;
-                for (int l = 0; l < W; l++) seen[l] = vis[j0 + l];
-                v16 p = exp_nonpositive((load(s + j0) - m) * scale);
+                vb bytes;
+                memcpy(&bytes, vis + j0, W);
+                const vi seen = __builtin_convertvector(bytes, vi);
+                vf p = exp_nonpositive((load(s + j0) - m) * scale);
                 store(s + j0, seen != 0 ? p : splat(0.0f));
             }
             // the weights' sum in lanes by the key's rank among the row's visible keys, not by its slot: a
@@ -134,12 +161,13 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
             for (int j = 0; j < span; j++)
                 if (vis[j]) ranked[n++] = s[j];
             for (int l = n; l < (n + W - 1) / W * W; l++) ranked[l] = 0.0f;
-            v16 lanes = {};
+            vf lanes = {};
             for (int t0 = 0; t0 < n; t0 += W) lanes = lanes + load(ranked + t0);
-            float h8[8], h4[4];
-            for (int l = 0; l < 8; l++) h8[l] = lanes[l] + lanes[l + 8];
-            for (int l = 0; l < 4; l++) h4[l] = h8[l] + h8[l + 4];
-            totals[row] = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+            float h[W];  // halved in a fixed order: lane l + w onto lane l
+            memcpy(h, &lanes, sizeof h);
+            for (int w = W / 2; w >= 1; w /= 2)
+                for (int l = 0; l < w; l++) h[l] = h[l] + h[l + w];
+            totals[row] = h[0];
         }
         // values: o[row, :] = sum over j in order of p[row, j] * v[j, :]
         memset(acc, 0, sizeof(float) * R * hd);
@@ -153,10 +181,10 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
                 const float *p = S + (int64_t)row * span_pad + j0;
                 float *o = acc + (int64_t)row * hd;
                 if (HD) {
-                    v16 oc[HD ? HD / W : 1];
+                    vf oc[HD ? HD / W : 1];
                     for (int c = 0; c < HD / W; c++) oc[c] = load(o + c * W);
                     for (int l = 0; l < TILE; l++)
-                        for (int c = 0; c < HD / W; c++) oc[c] = oc[c] + p[l] * load(tile + l * hd + c * W);
+                        for (int c = 0; c < HD / W; c++) oc[c] = fmav(splat(p[l]), load(tile + l * hd + c * W), oc[c]);
                     for (int c = 0; c < HD / W; c++) store(o + c * W, oc[c]);
                 } else {
                     for (int l = 0; l < TILE; l++)

@@ -1,0 +1,72 @@
+"""One layer's attention for a few query rows over a model-dtype KV cache: float64 (exact, what the packed verifier
+used where torch's attention is not row-invariant), the model dtype's SDPA (not exact there), and the compiled tree
+attention (rest_lsp/model/attention.py), built for this CPU and, with --march, for other targets' vector widths
+(`haswell`: an AVX2-only CPU's 8 lanes; `x86-64`: 4). Median of --rounds loops of --calls calls, interleaved.
+
+    .venv/bin/python benchmarks/attention_rows.py                        # the 0.5B's and the 1.5B's heads
+    .venv/bin/python benchmarks/attention_rows.py --march haswell,x86-64 --spans 1200
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HEADS = {"0.5B": (14, 2, 64), "1.5B": (12, 2, 128)}
+
+
+def timed(fn, calls: int) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t) / calls * 1e3
+
+
+def main() -> None:
+    from rest_lsp.model import attention
+    from rest_lsp.model.probes import attend, rows_alike
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spans", default="700,1200,3000", help="cached tokens, comma list")
+    ap.add_argument("--rows", type=int, default=4, help="query rows a call (a draft's nodes)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--march", default="", help="also the kernel built for these -march targets, comma list")
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+
+    arms = {"float64": lambda q, k, v, m: attend(q, k, v, m, torch.float64),
+            f"{args.dtype} SDPA": lambda q, k, v, m: attend(q, k, v, m, None)}
+    for march in ["native", *filter(None, args.march.split(","))]:
+        lib, tag = attention._build(march)
+        kernel = attention.TreeAttention(lib, dtype, tag)
+        exact = rows_alike(lambda q, k, v, m: kernel(q.to(dtype), k.to(dtype), v.to(dtype), m))
+        arms[f"kernel {march}" + ("" if exact else " (rows differ!)")] = kernel
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rows} rows, {args.dtype} cache; "
+          f"ms a layer, median of {args.rounds} rounds of {args.calls} calls")
+    print("| heads (q / kv, width) | cached tokens | " + " | ".join(arms) + " |")
+    print("|---|---|" + "---|" * len(arms))
+    g = torch.Generator().manual_seed(0)
+    for name, (nh, nkv, hd) in HEADS.items():
+        for span in map(int, args.spans.split(",")):
+            q = torch.randn(nh, args.rows, hd, generator=g).to(dtype)
+            k, v = (torch.randn(nkv, span, hd, generator=g).to(dtype) for _ in range(2))
+            mask = torch.ones(args.rows, span, dtype=torch.bool)
+            times: dict[str, list[float]] = {a: [] for a in arms}
+            for _ in range(args.rounds):
+                for a, fn in arms.items():
+                    times[a].append(timed(lambda: fn(q, k, v, mask), args.calls))
+            cells = " | ".join(f"{statistics.median(t):.3f}" for t in times.values())
+            print(f"| {nh} / {nkv}, {hd} ({name}) | {span:,} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
