@@ -29,7 +29,8 @@ def timed(fn, calls: int) -> float:
     return (time.perf_counter() - t) / calls * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Prints the table; returns {"arms": [...], "rows": [{"heads", "span", "ms": {arm: ms}}]}."""
     from rest_lsp.model import attention
     from rest_lsp.model.probes import attend, rows_alike
 
@@ -40,7 +41,7 @@ def main() -> None:
     ap.add_argument("--march", default="", help="also the kernel built for these -march targets, comma list")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
     arms = {"float64": lambda q, k, v, m: attend(q, k, v, m, torch.float64),
@@ -55,6 +56,7 @@ def main() -> None:
     print("| heads (q / kv, width) | cached tokens | " + " | ".join(arms) + " |")
     print("|---|---|" + "---|" * len(arms))
     g = torch.Generator().manual_seed(0)
+    report: dict = {"arms": list(arms), "rows": []}
     for name, (nh, nkv, hd) in HEADS.items():
         for span in map(int, args.spans.split(",")):
             q = torch.randn(nh, args.rows, hd, generator=g).to(dtype)
@@ -64,8 +66,11 @@ def main() -> None:
             for _ in range(args.rounds):
                 for a, fn in arms.items():
                     times[a].append(timed(lambda: fn(q, k, v, mask), args.calls))
-            cells = " | ".join(f"{statistics.median(t):.3f}" for t in times.values())
+            ms = {a: statistics.median(t) for a, t in times.items()}
+            report["rows"].append({"heads": name, "span": span, "ms": ms})
+            cells = " | ".join(f"{m:.3f}" for m in ms.values())
             print(f"| {nh} / {nkv}, {hd} ({name}) | {span:,} | {cells} |", flush=True)
+    return report
 
 
 if __name__ == "__main__":
