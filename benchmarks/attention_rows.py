@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     arms = {"float64": lambda q, k, v, m: attend(q, k, v, m, torch.float64),
             f"{args.dtype} SDPA": lambda q, k, v, m: attend(q, k, v, m, None)}
     for march in ["native", *filter(None, args.march.split(","))]:
-        lib, tag = attention._build(march)
+        lib, tag = attention.build_library(march)
         kernel = attention.TreeAttention(lib, dtype, tag)
         exact = rows_alike(lambda q, k, v, m: kernel(q.to(dtype), k.to(dtype), v.to(dtype), m))
         arms[f"kernel {march}" + ("" if exact else " (rows differ!)")] = kernel

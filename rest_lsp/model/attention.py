@@ -97,7 +97,7 @@ def _cpu() -> str:
     return "\n".join(lines[:2])
 
 
-def _build(march: str = "native") -> tuple[ctypes.CDLL, str]:
+def build_library(march: str = "native") -> tuple[ctypes.CDLL, str]:
     """The kernel's library for this source, compiler and CPU: built once (atomically), then loaded. `march`
     another target than this CPU (the tests build narrower vector widths, as an AVX2-only CPU's)."""
     from restbase.storage import cache_root, tmp_name
@@ -133,7 +133,7 @@ def tree_attention(dtype: torch.dtype) -> TreeAttention | None:
     from .probes import rows_alike
 
     try:
-        lib, tag = _build()
+        lib, tag = build_library()
         att = TreeAttention(lib, dtype, tag)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("tree attention: the compiled kernel is not available (%s); float64 attention is used", e)

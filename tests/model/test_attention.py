@@ -56,7 +56,7 @@ def test_narrower_vectors_keep_tree_rows_exact(march, dtype):
     multiply-adds), as on an AVX2-only machine: the same guarantee."""
     if platform.machine() not in ("x86_64", "AMD64") or (march == "haswell" and not cpu_has("avx2", "fma", "bmi2")):
         pytest.skip(f"this CPU cannot run a {march} build")
-    lib, tag = attention_module._build(march)
+    lib, tag = attention_module.build_library(march)
     att = TreeAttention(lib, dtype, tag)
     assert rows_alike(lambda q, k, v, mask: att(q.to(dtype), k.to(dtype), v.to(dtype), mask))
     for nh, nkv, hd in ((14, 2, 64), (6, 1, 16)):
