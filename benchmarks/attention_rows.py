@@ -32,7 +32,7 @@ def timed(fn, calls: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     """Prints the table; returns {"arms": [...], "rows": [{"heads", "span", "ms": {arm: ms}}]}."""
     from rest_lsp.model import attention
-    from rest_lsp.model.probes import attend, rows_alike
+    from rest_lsp.model.probes import attend
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spans", default="700,1200,3000", help="cached tokens, comma list")
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     for march in ["native", *filter(None, args.march.split(","))]:
         lib, tag = attention.build_library(march)
         kernel = attention.TreeAttention(lib, dtype, tag)
-        exact = rows_alike(lambda q, k, v, m: kernel(q.to(dtype), k.to(dtype), v.to(dtype), m))
-        arms[f"kernel {march}" + ("" if exact else " (rows differ!)")] = kernel
+        arms[f"kernel {march}" + ("" if kernel.rows_alike() else " (rows differ!)")] = kernel
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rows} rows, {args.dtype} cache; "
           f"ms a layer, median of {args.rounds} rounds of {args.calls} calls")
     print("| heads (q / kv, width) | cached tokens | " + " | ".join(arms) + " |")

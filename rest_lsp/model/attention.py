@@ -13,15 +13,16 @@ cached tokens: on a 2-core Zen4 EPYC, 4 rows of the 0.5B model over 1,200 cached
 same bits by construction, in fp32 arithmetic over the cache as it is: 0.18 ms a layer there (docs/cpu.md).
 
 How a row stays bit-identical: every operation on a score or a weight is elementwise on vectors of the CPU's width
-(16 lanes with AVX-512, 8 with AVX2: wider ones spill to the stack, and 16 lanes built for AVX2 ran 13x slower than
-8; the same operations in every lane), the weighted sum of values visits the keys in slot order, and the weights' sum adds them
-in lanes by each key's rank among the row's visible keys (a tree's path sits in scattered slots, which plain
-decoding holds side by side), reduced in a fixed order; a key hidden from the row (another branch of the tree, the
-padding of a tile) gets weight exactly 0, and adding 0 changes no sum. The other rows of a call and the length of
-the span change nothing. The compiler is told not to fuse or reorder on its own (-ffp-contract=off; the dot products' multiply-adds are
-fused where written, in every lane alike), and `rows_alike` checks
-the compiled kernel once per process before it is used (a compiler that vectorises otherwise: float64), as the
-load-time check of every verifier checks a kept tree path against single rows (rest_lsp/model/verifiers.py).
+(16 lanes with AVX-512, 8 with AVX2: wider ones spill to the stack, and 16 lanes built for AVX2 ran 13x slower
+than 8; the same operations in every lane), the weighted sum of values visits the keys in slot order, and the
+weights' sum adds them in lanes by each key's rank among the row's visible keys (a tree's path sits in scattered
+slots, which plain decoding holds side by side), reduced in a fixed order; a key hidden from the row (another
+branch of the tree, the padding of a tile) gets weight exactly 0, and adding 0 changes no sum. The other rows of a
+call and the length of the span change nothing. The compiler is told not to fuse or reorder on its own
+(-ffp-contract=off; the dot products' multiply-adds are fused where written, in every lane alike), and
+`rows_alike` checks the compiled kernel once per process before it is used (a compiler that vectorises otherwise:
+float64), as the load-time check of every verifier checks a kept tree path against single rows
+(rest_lsp/model/verifiers.py).
 
 Worked example (one head, hd = 1, scale 1): keys k = (1, 2), values v = (10, 20), q = 1. Plain decoding's row sees
 both keys: weights exp(1 - 2), exp(0) = 0.368, 1, so (3.68 + 20) / 1.368 = 17.31. In a tree call with a third
@@ -80,6 +81,13 @@ class TreeAttention:
             raise ValueError(f"tree attention: {nh} query heads over {nkv} key/value heads, {nq} rows, {span} keys")
         return out.to(q.dtype)
 
+    def rows_alike(self) -> bool:
+        """probes.rows_alike, the probe torch's attention is judged by, on this build (inputs in its dtype)."""
+        from .probes import rows_alike
+
+        d = self.dtype
+        return rows_alike(lambda q, k, v, mask: self(q.to(d), k.to(d), v.to(d), mask))
+
 
 def _compiler() -> str | None:
     for name in (os.environ.get("CXX"), "g++", "c++"):
@@ -130,15 +138,13 @@ def build_library(march: str = "native") -> tuple[ctypes.CDLL, str]:
 def tree_attention(dtype: torch.dtype) -> TreeAttention | None:
     if os.environ.get("REST_LSP_ATTENTION", "auto") == "float64" or dtype not in DTYPES:
         return None
-    from .probes import rows_alike
-
     try:
         lib, tag = build_library()
         att = TreeAttention(lib, dtype, tag)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("tree attention: the compiled kernel is not available (%s); float64 attention is used", e)
         return None
-    if not rows_alike(lambda q, k, v, mask: att(q.to(dtype), k.to(dtype), v.to(dtype), mask)):
+    if not att.rows_alike():
         log.warning("tree attention: the compiled kernel's rows differ alone and in a tree on this CPU; float64 "
                     "attention is used")
         return None

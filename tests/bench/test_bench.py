@@ -185,7 +185,8 @@ def test_verifier_choice_falls_back_only_for_auto(tiny_lm):
     assert [verifier_kind(make_verifier_or_eager(tiny_lm, k)) for k in keys] == list(keys)
     assert len(set(keys.values())) == len(kinds)
     # float64 attention (where fp32 SDPA is not row-invariant) has its own c(q): a c(q) measured with fp32
-    # attention underestimated tree rows on an AVX2-only CPU; and so has the compiled tree attention that replaces float64 where it builds
+    # attention underestimated tree rows on an AVX2-only CPU; and so has the compiled tree attention that replaces
+    # float64 where it builds
     packed = make_verifier_or_eager(tiny_lm, "packed")
     kernel = tree_attention(torch.float32)
     packed.lm.attention_dtype, packed.lm.tree_attention = None, None
