@@ -326,11 +326,17 @@ def lookup_names(cur: "Cursor", root: Path | None, near: list[str] | None = None
     read as another object's attribute (`obj.name`, not `self.name`: the current class is in the prompt), nearest
     first. A plain local name (`data`, `extra`) would find another file's unrelated namesake."""
     window = "\n".join(cur.prefix.split("\n")[-WINDOW_LINES:]) + cur.line_text
-    wanted = imported_names(cur.prefix, root)
-    wanted |= set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", window))
-    wanted |= {m.group(2) for m in re.finditer(r"\b(\w+)\.([A-Za-z_]\w*)", window) if m.group(1) not in ("self", "cls")}
+    wanted = imported_names(cur.prefix, root) | looked_up(window)
     near = near if near is not None else names_near(cur.prefix, cur.line_text)
     return [n for n in near if n in wanted]
+
+
+def looked_up(text: str) -> set[str]:
+    """The names of `text` that the `definitions` selector looks up besides imported ones: called (`f(`,
+    `obj.f(`) or read as another object's attribute (`obj.name`)."""
+    out = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", text))
+    out |= {m.group(2) for m in re.finditer(r"\b(\w+)\.([A-Za-z_]\w*)", text) if m.group(1) not in ("self", "cls")}
+    return out
 
 
 def select_definitions(view: RepoView, cur: Cursor, *, names: list[str] | None = None) -> list[Snippet]:
@@ -579,17 +585,19 @@ class ContextKeeper:
             return st.pending if st is not None else None
 
     def new_names(self, uri: str, prefix: str, line_text: str = "") -> bool:
-        """A name on the cursor's line that the document's selection was not made for (a keystroke's check:
-        a regex over one line)."""
-        line = prefix[prefix.rfind("\n") + 1:] + line_text
+        """A name on the cursor's line that the `definitions` selector would look up (called, another object's
+        attribute, imported) and the document's selection was not made for (a keystroke's check: regexes over
+        one line). A name only assigned or defined there (`NAME = True`, `def name(`) is the current file's
+        own: no selection would look it up, and the window's slide alone changes no definition worth a block."""
+        line = prefix[prefix.rfind("\n") + 1:]
+        line = re.sub(r"[A-Za-z_]\w*$", "", line) + line_text  # the word still being typed does not count yet
         with self._lock:
             st = self._docs.get(uri)
             if st is None or st.selected_at < 0:
                 return True
             names = st.names
-        words = _IDENT.findall(line)
-        if words and re.search(r"\w$", line):
-            words = words[:-1]  # still being typed
+        words = looked_up(line) | set(imported_all(line))
+        words -= set(re.findall(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)", line))
         return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
 
     def offer(self, uri: str, sel: Selection, *, in_place: bool = False) -> Selection | None:

@@ -290,6 +290,13 @@ def test_the_block_changes_only_when_the_selection_does(repo):
     # typing a name the selection was not made for is a reason to select again; a known one is not
     assert not keeper.new_names(uri, CURRENT + "emit", "")  # a word still being typed does not count yet
     assert keeper.new_names(uri, CURRENT + "fail_with(", "")
+    # only a name the definitions selector would look up: called, another object's attribute, imported; not a
+    # name the line assigns or defines (the current file's own, which no selection looks up)
+    body = CURRENT.rsplit("\n", 1)[0] + "\n"
+    assert not keeper.new_names(uri, body + "        SUPPORTS_TIMEOUTS = True", "")
+    assert not keeper.new_names(uri, body + "    def fetch_all(self, limit", "")
+    assert keeper.new_names(uri, body + "        ctx.fetch_all ", "")
+    assert keeper.new_names(uri, "from pkg.errors import PluginFailure, ", "")
     # a selection that differs stays pending until promoted; an older pending one cannot be promoted
     other = select([view], cursor(root), budget=400, selectors=["similar"], ring=None, encode=enc)
     assert keeper.offer(uri, other) and keeper.current(uri) is sel
