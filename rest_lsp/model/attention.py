@@ -1,8 +1,9 @@
 """Exact attention for draft-tree rows where torch's CPU attention is not row-invariant: one compiled kernel
 (kernels/attention.cpp) instead of float64.
 
-    tree_attention(dtype) -> TreeAttention | None   the kernel for a cache of this dtype (fp32, bf16), or None
-                             (no compiler, another dtype, REST_LSP_ATTENTION=float64, or its own check failed)
+    tree_attention(dtype, heads) -> TreeAttention | None   the kernel for a cache of this dtype (fp32, bf16), or
+                             None (no compiler, another dtype, REST_LSP_ATTENTION=float64, its own check failed,
+                             or measured slower than float64 attention on this CPU)
     TreeAttention(q [nh, nq, hd], k [nkv, span, hd], v [nkv, span, hd], mask [nq, span]) -> [nh, nq, hd] in q's dtype
 
 Why: exact speculation needs a tree row to get the same bits as plain decoding's single row (probes.py
@@ -40,16 +41,23 @@ import hashlib
 import logging
 import os
 import shutil
+import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import torch
+
+from .probes import attend, rows_alike
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "attention.cpp"
 FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
 DTYPES = {torch.float32: "rest_attend_f32", torch.bfloat16: "rest_attend_bf16"}
+# the kernel is kept unless clearly slower than float64 (everywhere measured it is 2-5x faster, docs/cpu.md): the
+# 16-lane build ran 13x slower on AVX2 code, and a CPU nobody measured could hide another such case
+SLOWER = 1.2
 _P = ctypes.c_void_p
 _ARGS = [_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
          ctypes.c_float, _P]
@@ -83,8 +91,6 @@ class TreeAttention:
 
     def rows_alike(self) -> bool:
         """probes.rows_alike, the probe torch's attention is judged by, on this build (inputs in its dtype)."""
-        from .probes import rows_alike
-
         d = self.dtype
         return rows_alike(lambda q, k, v, mask: self(q.to(d), k.to(d), v.to(d), mask))
 
@@ -134,8 +140,35 @@ def build_library(march: str = "native") -> tuple[ctypes.CDLL, str]:
     return ctypes.CDLL(str(out)), tag
 
 
+def timings(att: TreeAttention, heads: tuple[int, int, int], *, cached: int = 1200, rows: int = 4,
+            rounds: int = 5) -> tuple[float, float]:
+    """Median ms of one call of the kernel and of float64 attention (the fallback) on `rows` tree rows of a
+    model with `heads` (query heads, key/value heads, head size) over `cached` keys, measured in interleaved
+    rounds so that a busy CPU slows both alike."""
+    nh, nkv, hd = heads
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(nh, rows, hd, generator=g).to(att.dtype)
+    k, v = (torch.randn(nkv, cached + rows, hd, generator=g).to(att.dtype) for _ in range(2))
+    mask = torch.ones(rows, cached + rows, dtype=torch.bool)
+    mask[:, cached:] = torch.eye(rows, dtype=torch.bool) | (torch.arange(rows) == 0)  # root and self
+    arms = (lambda: att(q, k, v, mask), lambda: attend(q, k, v, mask, torch.float64))
+    for fn in arms:
+        fn()  # the first call starts OpenMP's threads
+    times: tuple[list, list] = ([], [])
+    for _ in range(rounds):
+        for fn, out in zip(arms, times):
+            t = time.perf_counter()
+            for _ in range(3):
+                fn()
+            out.append((time.perf_counter() - t) / 3 * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 @functools.cache
-def tree_attention(dtype: torch.dtype) -> TreeAttention | None:
+def tree_attention(dtype: torch.dtype, heads: tuple[int, int, int] = (14, 2, 64)) -> TreeAttention | None:
+    """The kernel for a cache of `dtype` and a model with `heads` (query heads, key/value heads, head size:
+    default the embedded 0.5B's), once per process: None where it cannot be built, is not exact on this CPU
+    (`rows_alike`), or is slower here than the float64 attention it replaces (`SLOWER`)."""
     if os.environ.get("REST_LSP_ATTENTION", "auto") == "float64" or dtype not in DTYPES:
         return None
     try:
@@ -148,4 +181,10 @@ def tree_attention(dtype: torch.dtype) -> TreeAttention | None:
         log.warning("tree attention: the compiled kernel's rows differ alone and in a tree on this CPU; float64 "
                     "attention is used")
         return None
+    kernel_ms, float64_ms = timings(att, heads)
+    if kernel_ms > SLOWER * float64_ms:
+        log.warning("tree attention: the compiled kernel is slower on this CPU than float64 attention (%.3f against "
+                    "%.3f ms a layer); float64 attention is used", kernel_ms, float64_ms)
+        return None
+    log.info("tree attention: the compiled kernel, %.3f ms a layer against float64's %.3f", kernel_ms, float64_ms)
     return att

@@ -175,7 +175,8 @@ class StaticLM(torch.nn.Module):
         # ... by the compiled kernel rather than float64 where it builds (attention.py); not beside torch.compile's
         # buckets, which attend in float64 (their rows and the eager path's must round alike)
         use_kernel = self.attention_dtype is not None and kernel_attention
-        self.tree_attention = tree_attention(self.dtype) if use_kernel else None
+        heads = (self.n_heads, self.n_kv, self.head_dim)
+        self.tree_attention = tree_attention(self.dtype, heads) if use_kernel else None
         if self.tree_attention is not None:
             self.kernel_tag = f"attention-{self.tree_attention.tag}"  # a c(q) measured with float64 is not reused
         self.embed = model.model.embed_tokens.weight.detach()  # shared with the HF model, no copy

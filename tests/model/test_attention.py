@@ -116,6 +116,44 @@ def test_float64_is_kept_when_asked_for_or_for_another_dtype(monkeypatch):
     assert tree_attention(torch.float32) is not None
 
 
+@pytest.mark.parametrize("kernel_ms,float64_ms,kept", [(0.25, 1.1, True), (1.1, 1.0, True), (3.47, 1.1, False)])
+def test_a_kernel_slower_than_float64_on_this_cpu_is_not_used(monkeypatch, caplog, kernel_ms, float64_ms, kept):
+    """Measured at its first use against the float64 attention it replaces, on the model's heads: kept unless
+    clearly slower (the 16-lane build on AVX2 code: 3.47 ms a layer against float64's 1.1)."""
+    asked = []
+
+    def timings(att, heads):
+        asked.append(heads)
+        return kernel_ms, float64_ms
+
+    monkeypatch.setattr(attention_module, "timings", timings)
+    tree_attention.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger="rest_lsp.model.attention"):
+            att = tree_attention(torch.float32, (12, 2, 128))
+    finally:
+        tree_attention.cache_clear()
+    assert (att is not None) == kept and asked == [(12, 2, 128)]
+    assert ("slower on this CPU" in caplog.text) == (not kept) and f"{kernel_ms:.3f}" in caplog.text
+
+
+def test_the_kernel_is_timed_on_the_heads_and_the_dtype_asked_for():
+    att = tree_attention(torch.bfloat16)
+    assert att is not None
+    seen = []
+
+    class Spy:
+        dtype = att.dtype
+
+        def __call__(self, q, k, v, mask):
+            seen.append((tuple(q.shape), tuple(k.shape), k.dtype, int(mask.sum())))
+            return att(q, k, v, mask)
+
+    attention_module.timings(Spy(), (6, 1, 16), cached=64, rows=4, rounds=2)
+    # one warm-up call and 2 rounds of 3; 4 rows over 64 cached keys, the tree's root and each row itself
+    assert seen == [((6, 4, 16), (1, 68, 16), torch.bfloat16, 4 * 64 + 4 + 3)] * 7
+
+
 def test_a_missing_compiler_falls_back_to_float64(monkeypatch, tmp_path):
     monkeypatch.setenv("REST_LSP_CACHE", str(tmp_path))  # nothing built yet there
     monkeypatch.setattr(attention_module, "_compiler", lambda: None)
