@@ -232,12 +232,13 @@ def test_the_table_says_how_many_cross_file_blocks_were_computed_and_kept():
             "accepted_share": 0.3, "cpu_s_per_typed_char": 0.1, "per_body": [{"accepted": 3}],
             "prompt_tokens_computed_per_key": 30.0, "prompt_tokens_missed_per_key": 41.5}
     cf = {"selections": 12, "offered": 5, "promoted": 4, "unchanged": 3, "kept": 4}
-    report = {"methods": {"rest-cf": {**base, "server": {"context_warm_tokens": 900, "context_selections": 12},
+    report = {"methods": {"rest-cf": {**base, "server": {"context_warm_tokens": 900, "context_selections": 12,
+                                                            "context_select_ms": 250},
                                       "cross_file": cf},
                           "rest-nocf": {**base, "server": {}, "cross_file": None}}}
     text = T.table(report)
     assert "rest-cf: 30.0 prompt tokens computed per key typed (900 for 4 new cross-file blocks of 5 offered" in text
-    assert "12 selections, 3 unchanged, 4 kept: no new definition" in text
+    assert "12 selections in 250 ms, 3 unchanged, 4 kept: no new definition" in text
     assert "runs' prompt tokens not in a cache when they started: 41.5 per key" in text
     assert "rest-nocf: 30.0 prompt tokens computed per key typed (0 for 0 new cross-file blocks" in text
 
