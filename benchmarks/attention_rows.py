@@ -1,7 +1,8 @@
 """One layer's attention for a few query rows over a model-dtype KV cache: float64 (exact, what the packed verifier
 used where torch's attention is not row-invariant), the model dtype's SDPA (not exact there), and the compiled tree
 attention (rest_lsp/model/attention.py), built for this CPU and, with --march, for other targets' vector widths
-(`haswell`: an AVX2-only CPU's 8 lanes; `x86-64`: 4). Median of --rounds loops of --calls calls, interleaved.
+(`haswell`: an AVX2-only CPU's 8 lanes; `x86-64`: 4). Median of --rounds rounds of --calls calls, interleaved
+(`attention.interleaved_ms`, as the daemon times the kernel against float64 at first use).
 
     .venv/bin/python benchmarks/attention_rows.py                        # the 0.5B's and the 1.5B's heads
     .venv/bin/python benchmarks/attention_rows.py --march haswell,x86-64 --spans 1200
@@ -9,9 +10,8 @@ attention (rest_lsp/model/attention.py), built for this CPU and, with --march, f
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,14 +19,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HEADS = {"0.5B": (14, 2, 64), "1.5B": (12, 2, 128)}
-
-
-def timed(fn, calls: int) -> float:
-    fn()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t) / calls * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -61,11 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
             q = torch.randn(nh, args.rows, hd, generator=g).to(dtype)
             k, v = (torch.randn(nkv, span, hd, generator=g).to(dtype) for _ in range(2))
             mask = torch.ones(args.rows, span, dtype=torch.bool)
-            times: dict[str, list[float]] = {a: [] for a in arms}
-            for _ in range(args.rounds):
-                for a, fn in arms.items():
-                    times[a].append(timed(lambda: fn(q, k, v, mask), args.calls))
-            ms = {a: statistics.median(t) for a, t in times.items()}
+            ms = attention.interleaved_ms({a: functools.partial(fn, q, k, v, mask) for a, fn in arms.items()},
+                                          rounds=args.rounds, calls=args.calls)
             report["rows"].append({"heads": name, "span": span, "ms": ms})
             cells = " | ".join(f"{m:.3f}" for m in ms.values())
             print(f"| {nh} / {nkv}, {hd} ({name}) | {span:,} | {cells} |", flush=True)

@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -140,28 +141,35 @@ def build_library(march: str = "native") -> tuple[ctypes.CDLL, str]:
     return ctypes.CDLL(str(out)), tag
 
 
+def interleaved_ms(arms: dict[str, Callable[[], object]], *, rounds: int, calls: int) -> dict[str, float]:
+    """Median ms of one call of each arm: one call each first (OpenMP's threads start), then `rounds` rounds of
+    `calls` calls, the arms in turn within a round, so that a busy CPU slows them alike."""
+    for fn in arms.values():
+        fn()
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    for _ in range(rounds):
+        for a, fn in arms.items():
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[a].append((time.perf_counter() - t) / calls * 1e3)
+    return {a: statistics.median(t) for a, t in times.items()}
+
+
 def timings(att: TreeAttention, heads: tuple[int, int, int], *, cached: int = 1200, rows: int = 4,
             rounds: int = 5) -> tuple[float, float]:
     """Median ms of one call of the kernel and of float64 attention (the fallback) on `rows` tree rows of a
-    model with `heads` (query heads, key/value heads, head size) over `cached` keys, measured in interleaved
-    rounds so that a busy CPU slows both alike."""
+    model with `heads` (query heads, key/value heads, head size) over `cached` keys (`interleaved_ms`, 3 calls a
+    round)."""
     nh, nkv, hd = heads
     g = torch.Generator().manual_seed(0)
     q = torch.randn(nh, rows, hd, generator=g).to(att.dtype)
     k, v = (torch.randn(nkv, cached + rows, hd, generator=g).to(att.dtype) for _ in range(2))
     mask = torch.ones(rows, cached + rows, dtype=torch.bool)
     mask[:, cached:] = torch.eye(rows, dtype=torch.bool) | (torch.arange(rows) == 0)  # root and self
-    arms = (lambda: att(q, k, v, mask), lambda: attend(q, k, v, mask, torch.float64))
-    for fn in arms:
-        fn()  # the first call starts OpenMP's threads
-    times: tuple[list, list] = ([], [])
-    for _ in range(rounds):
-        for fn, out in zip(arms, times):
-            t = time.perf_counter()
-            for _ in range(3):
-                fn()
-            out.append((time.perf_counter() - t) / 3 * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
+    ms = interleaved_ms({"kernel": lambda: att(q, k, v, mask), "float64": lambda: attend(q, k, v, mask, torch.float64)},
+                        rounds=rounds, calls=3)
+    return ms["kernel"], ms["float64"]
 
 
 @functools.cache

@@ -597,7 +597,7 @@ class ContextKeeper:
                 return True
             names = st.names
         words = looked_up(line) | set(imported_all(line))
-        words -= set(re.findall(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)", line))
+        words -= defined_names(line)
         return any(n not in names and n not in _COMMON and len(n) > 2 for n in words)
 
     def offer(self, uri: str, sel: Selection, *, in_place: bool = False) -> Selection | None:
