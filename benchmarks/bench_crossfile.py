@@ -5,6 +5,8 @@ is in no corpus.
     .venv/bin/python benchmarks/bench_crossfile.py [--projects humanize==4.17.0,marshmallow==4.4.0,boltons==26.2.0]
         [--bodies 8] [--files 4] [--configs none,definitions,similar,recent,all] [--tokens 512] [--cross-only] [--count-only]
         [--model PATH] [--json OUT]
+    .venv/bin/python benchmarks/bench_crossfile.py --projects sqlglot==30.30.0 --whole-file sqlglot/dialects/drill.py
+        [--whole-file PATH ...] [--configs none,all]
 
 Per project (benchmarks/realcode.py), bodies of some files are removed as `bench_typing.py` removes them (the
 workspace is the project with those bodies gone: what is on disk while a person writes them), and the workspace
@@ -17,6 +19,12 @@ Reported per configuration: first-line exact (also on the `cross` lines alone: a
 file of the workspace defines and its own file does not, CrossCodeEval's kind of line), whole-body exact,
 characters of the line right, the block's tokens, accepted tokens per step by draft source, and the
 distribution of accepted runs.
+
+`--whole-file PATH` (one project): the issue's new module among its siblings, as `bench_typing.py --whole-file`
+types it. The file is in the workspace but empty (just created); cases are its lines, each with the lines above
+typed and nothing below (the cursor after the line's indentation), while the document fits the prompt's prefix
+window: where `crossFile: "auto"` (the default) gives a document a block, so every configuration's line past it
+would be the same prompt.
 """
 from __future__ import annotations
 
@@ -31,10 +39,11 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_typing import prepare  # noqa: E402
+from bench_typing import prepare, prepare_whole  # noqa: E402
 from realcode import fetch_project  # noqa: E402
 from report import write_json  # noqa: E402
 
@@ -72,11 +81,26 @@ def cases_of(files, bodies_per_project: int, seed: int) -> list[dict]:
     return out
 
 
+def config_of(name: str, tokens: int) -> tuple[tuple[str, ...], int]:
+    """A configuration's selectors and block budget: `all`, or `all@1024` for another budget than --tokens."""
+    base, _, budget = name.partition("@")
+    if base not in CONFIGS or (budget and not budget.isdigit()):
+        raise ValueError(f"unknown configuration {name!r}; one of {', '.join(CONFIGS)}, optionally @TOKENS")
+    return CONFIGS[base], int(budget) if budget else tokens
+
+
+def whole_file_cases(files, fits: Callable[[int], bool], seed: int = 0) -> list[dict]:
+    """A new module's line cases (`prepare_whole`'s files, each one body from an empty document): every line
+    with the lines above typed and nothing below, while `fits(characters of the document)`; no whole-file case."""
+    return [c for c in cases_of(files, len(files), seed) if c["kind"] == "line" and fits(len(c["doc"]))]
+
+
 def run(args, log) -> dict:
     from indexer.store import Datastore
     from rest_lsp.service.backend import load_backend
     from rest_lsp.service.config import ServerConfig
     from rest_lsp.service.blocks import text_codec
+    from rest_lsp.service.config import cross_file_on
     from rest_lsp.service.crossfile import Cursor, RecentRing, RepoView, select
     from rest_lsp.service.prompt import build_context, shape_completion
 
@@ -94,10 +118,13 @@ def run(args, log) -> dict:
     for spec in args.projects.split(","):
         root = fetch_project(spec)
         with tempfile.TemporaryDirectory() as tmp:
-            ws, files = prepare(root, args.files, args.bodies, args.seed, Path(tmp))
+            ws, files = prepare_whole(root, args.whole_file, Path(tmp)) if args.whole_file else \
+                prepare(root, args.files, args.bodies, args.seed, Path(tmp))
             store = Datastore.build([ws], Path(tmp) / "ds", tokenizer=backend.tokenizer_spec())
             view = RepoView(ws, store, encode, decode)
-            todo = cases_of(files, args.bodies, args.seed)
+            device = getattr(backend, "prompt_device", "cpu")
+            todo = whole_file_cases(files, lambda chars: cross_file_on(cfg, device, chars), args.seed) \
+                if args.whole_file else cases_of(files, args.bodies, args.seed)
             mark_cross(todo, ws)
             if args.cross_only:
                 todo = [c for c in todo if c["kind"] == "line" and c["cross"]]
@@ -114,9 +141,10 @@ def run(args, log) -> dict:
                     prev = case
                     ctx = build_context(case["doc"], case["line"], case["col"])
                     repo, block = None, []
-                    if CONFIGS[conf]:
+                    selectors, budget = config_of(conf, args.tokens)
+                    if selectors:
                         sel = select([view], Cursor(str(case["file"]), ctx.prefix, ctx.suffix.split("\n", 1)[0],
-                                                    case["doc"]), budget=args.tokens, selectors=CONFIGS[conf],
+                                                    case["doc"]), budget=budget, selectors=selectors,
                                      ring=ring, encode=encode)
                         repo, block = sel.repo, sel.describe()
                     body = case["kind"] == "body"
@@ -226,7 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--files", type=int, default=4, help="files per project whose bodies are removed")
     p.add_argument("--bodies", type=int, default=8, help="bodies per project")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(CONFIGS), help="NAME or NAME@TOKENS (a block budget of its own)")
     p.add_argument("--tokens", type=int, default=512, help="the cross-file block's token budget")
     p.add_argument("--model", default=None)
     p.add_argument("--precision", default="auto")
@@ -236,12 +264,18 @@ def main(argv=None) -> int:
                    help="only the lines that use a name another file defines (take more --bodies and --files)")
     p.add_argument("--count-only", action="store_true",
                    help="count the lines that need another file or text outside the prompt window (no model)")
+    p.add_argument("--whole-file", action="append", default=[], metavar="PATH",
+                   help="a file of the (one) project typed as a new module: its lines while it fits the window")
     p.add_argument("--keep-cases", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.whole_file and "," in args.projects:
+        p.error("--whole-file takes one project (--projects NAME==VERSION)")
     for c in args.configs.split(","):
-        if c not in CONFIGS:
-            p.error(f"unknown configuration {c!r}; one of {', '.join(CONFIGS)}")
+        try:
+            config_of(c, args.tokens)
+        except ValueError as e:
+            p.error(str(e))
     if args.count_only:
         for spec, n in count_needs(args).items():
             print(f"{spec}: {n['lines']} lines; a name only another file defines: {n['cross']}; a name outside "

@@ -51,3 +51,37 @@ def test_unseen_is_measured_against_the_prompt_window_not_the_whole_file(tmp_pat
     mark_cross([own, other], tmp_path, window=(3000, 300))
     assert own["unseen"] and own["unseen_own"] and not own["unseen_repo"]
     assert other["unseen"] and other["unseen_repo"] and not other["unseen_own"]
+
+
+def test_a_new_module_gives_its_lines_with_the_lines_above_and_nothing_below_while_it_fits(tmp_path):
+    from bench_crossfile import whole_file_cases
+    from bench_typing import prepare_whole
+
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "helpers.py").write_text(HELPERS)
+    (root / "pkg" / "new.py").write_text("import math\n\n\nclass Area:\n    def f(self, r):\n        return r\n")
+    ws, files = prepare_whole(root, ["pkg/new.py"], tmp_path / "work")
+    assert (ws / "pkg" / "new.py").read_text() == ""                  # in the workspace, but empty
+    cases = whole_file_cases(files, lambda chars: True)
+    by_line = {c["line"]: c for c in cases}
+    assert sorted(by_line) == [0, 3, 4, 5]                             # blank lines are no case
+    assert by_line[0]["doc"] == "" and by_line[0]["target"] == "import math"
+    assert by_line[5]["doc"] == "import math\n\n\nclass Area:\n    def f(self, r):\n        "
+    assert by_line[5]["col"] == 8 and by_line[5]["target"] == "return r"
+    assert all(c["kind"] == "line" for c in cases)
+    # only while the document fits the window (`auto`'s block): the later lines' documents are longer
+    short = whole_file_cases(files, lambda chars: chars < 20)
+    assert sorted(c["line"] for c in short) == [0, 3]
+
+
+def test_a_configuration_may_carry_its_own_block_budget():
+    import pytest
+    from bench_crossfile import CONFIGS, config_of
+
+    assert config_of("all", 512) == (CONFIGS["all"], 512)
+    assert config_of("definitions@1024", 512) == (("definitions",), 1024)
+    assert config_of("none", 512) == ((), 512)
+    for bad in ("everything", "all@lots", "all@-5"):
+        with pytest.raises(ValueError):
+            config_of(bad, 512)
