@@ -5,8 +5,7 @@ new block only once its prompt is computed.
     blocks.placed(uri, text, ctx)     # every edit and request: a file switch or a new name at the cursor asks
                                       # for a selection (on the selection thread; the latest per document)
     blocks.saved(uri)                 # a save: the place joins the recent-files ring, and a selection
-                                      # (a keystroke's or a save's changes the block only with a new definition,
-                                      # and at most once every SWITCH_EVERY_S: a later one waits for then)
+                                      # (a keystroke's or a save's changes the block only with a new definition)
     blocks.current(uri)               # the block every prompt of the document starts with now (None: none/off;
                                       # `crossFile: "auto"` gives a document a block while it is short)
 
@@ -36,11 +35,6 @@ from .workspace import uri_to_path
 log = logging.getLogger(__name__)
 
 PLACES_KEPT = 64  # documents whose last place is remembered (for the ring when the person leaves them)
-# A document's block changes in place (a keystroke's new name, a save) at most once in this many seconds; a selection
-# asked for sooner is made at the end of the interval, from the text then. Each new block computes its prompt again
-# (~730 tokens, ~1 s of the inference thread on a 2-core CPU) while the person types on, and a new module typed among
-# its siblings names something new every few lines (16 new blocks a file, docs/results/crossfile.md).
-SWITCH_EVERY_S = 20.0
 
 
 class Blocks:
@@ -59,10 +53,6 @@ class Blocks:
         self._selecting: dict[str, tuple] = {}   # uri -> the latest (text, ctx) to select for
         self._selecting_lock = threading.Lock()
         self._selector = ThreadPoolExecutor(1, thread_name_prefix="rest-lsp-context")
-        self._offered_at: dict[str, float] = {}   # uri -> when its last new block was offered (clock())
-        self._deferred: dict[str, object] = {}    # uri -> the timer of its selection put off to the interval's end
-        self.clock: Callable[[], float] = time.monotonic
-        self.later: Callable[[float, Callable[[], None]], object] = _timer  # (delay, fn) -> a started timer
 
     def current(self, uri: str) -> Optional[Selection]:
         """The block the document's prompts start with now (None: none yet, or cross-file context is off for it)."""
@@ -117,7 +107,6 @@ class Blocks:
     def closed(self, uri: str) -> None:
         self.keeper.forget(uri)
         self._places.pop(uri, None)
-        self._offered_at.pop(uri, None)
         self._long.discard(uri)
 
     def use_now(self, uri: str, text: str, ctx: CompletionContext) -> Optional[Selection]:
@@ -157,8 +146,6 @@ class Blocks:
         return self.keeper.snapshot()
 
     def close(self) -> None:
-        for timer in list(self._deferred.values()):
-            getattr(timer, "cancel", lambda: None)()
         self._selector.shutdown(wait=False, cancel_futures=True)
 
     # -- the selection thread -------------------------------------------------------------------------
@@ -166,9 +153,7 @@ class Blocks:
         self._places[uri] = (text, ctx.line, ctx.column)
         self._places.move_to_end(uri)
         while len(self._places) > PLACES_KEPT:
-            gone = self._places.popitem(last=False)[0]
-            self._long.discard(gone)
-            self._offered_at.pop(gone, None)
+            self._long.discard(self._places.popitem(last=False)[0])
 
     def _remember(self, uri: str, text: str, line: int) -> None:
         path = uri_to_path(uri)
@@ -177,16 +162,7 @@ class Blocks:
 
     def _request_selection(self, uri: str, text: str, ctx: CompletionContext, in_place: bool = False) -> None:
         """Select the document's block on the selection thread; only the latest request of a document runs (as
-        asked in place, a keystroke's or a save's, only when every request it replaced was too). One asked in
-        place within SWITCH_EVERY_S of the document's last new block is made at the interval's end instead."""
-        if in_place:
-            wait = self._offered_at.get(uri, float("-inf")) + SWITCH_EVERY_S - self.clock()
-            if wait > 0:
-                with self._selecting_lock:
-                    if uri not in self._deferred:
-                        self._deferred[uri] = self.later(wait, lambda: self._deferred_selection(uri))
-                        self.keeper.count("deferred")
-                return
+        asked in place, a keystroke's or a save's, only when every request it replaced was too)."""
         with self._selecting_lock:
             first = uri not in self._selecting
             if not first:
@@ -197,19 +173,6 @@ class Blocks:
                 self._selector.submit(self._select, uri)
             except RuntimeError:  # shut down
                 self._selecting.pop(uri, None)
-
-    def _deferred_selection(self, uri: str) -> None:
-        """The interval since the document's last new block is over: select from where the person is now (a
-        document they left got its selection when they came back; a file switch takes any change anyway)."""
-        with self._selecting_lock:
-            self._deferred.pop(uri, None)
-        place = self._places.get(uri)
-        if place is None or self._active != uri or not self._on(uri, place[0]):
-            return
-        try:
-            self._request_selection(uri, place[0], build_context(*place), in_place=True)
-        except PositionError:
-            pass
 
     def _select(self, uri: str) -> None:
         with self._selecting_lock:
@@ -227,18 +190,10 @@ class Blocks:
             return
         taken = self.keeper.offer(uri, sel, in_place=in_place) if sel is not None else None
         if taken is not None:
-            self._offered_at[uri] = self.clock()
             # stopped or dropped before the block was computed: it is not pending any more, so that the next
             # selection offers it again instead of finding it "unchanged"
             self.scheduler.warm_block(uri, ctx, taken, promote=lambda: self.keeper.promote(uri, taken),
                                       withdraw=lambda: self.keeper.withdraw(uri, taken))
-
-
-def _timer(delay: float, fn: Callable[[], None]) -> threading.Timer:
-    timer = threading.Timer(delay, fn)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 def text_codec(backend) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:

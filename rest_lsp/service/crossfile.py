@@ -563,7 +563,7 @@ class ContextKeeper:
         self.ring = ring or RecentRing()
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._lock = threading.Lock()
-        self.counts = {"selections": 0, "offered": 0, "promoted": 0, "unchanged": 0, "kept": 0, "deferred": 0}
+        self.counts = {"selections": 0, "offered": 0, "promoted": 0, "unchanged": 0, "kept": 0}
 
     def _doc(self, uri: str) -> _DocState:
         st = self._docs.get(uri)
@@ -624,11 +624,6 @@ class ContextKeeper:
             st.pending = in_old_order(sel, st.current or base)
             self.counts["offered"] += 1
             return st.pending
-
-    def count(self, what: str) -> None:
-        """A selection put off by the service (`deferred`: asked in place too soon after the last new block)."""
-        with self._lock:
-            self.counts[what] += 1
 
     def set_current(self, uri: str, sel: Selection) -> None:
         """Use this block from now on, without a background warm-up (a one-shot completion)."""

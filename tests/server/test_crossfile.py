@@ -2,7 +2,6 @@
 files, secrets, the current file's own text), a block that stays put while typing, and REST exact with it."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -581,69 +580,3 @@ def test_the_block_budget_is_that_of_the_backend_that_builds_the_prompts(monkeyp
 
     assert budget(SimpleNamespace(prompt_device="cpu")) == 512
     assert budget(RemoteBackend.__new__(RemoteBackend)) == 2048
-
-
-def test_a_block_changes_in_place_at_most_once_an_interval_and_a_later_change_is_selected_at_its_end(monkeypatch):
-    """A keystroke's new name within SWITCH_EVERY_S of the last new block selects nothing then: the selection is
-    made at the interval's end from the text the person has then (and offered if it brings a new definition); a
-    file switch is never put off."""
-    from types import SimpleNamespace
-
-    from rest_lsp.service import blocks as blocks_mod
-    from rest_lsp.service.config import ServerConfig
-    from rest_lsp.service.prompt import build_context
-
-    asked, warmed, timers = [], [], []
-
-    def fake_select(views, cur, *, budget, **kw):
-        # a definition per name the text calls: each new call brings a block the old one lacks
-        names = sorted(set(re.findall(r"(\w+)\(", cur.prefix)))
-        asked.append(cur.prefix)
-        snippets = tuple(Snippet(f"pkg/{n}.py", 0, 2, f"def {n}(): ...", "definitions", 1.0, 5) for n in names)
-        return Selection(RepoContext("proj", "pkg/new.py", tuple((s.path, s.text) for s in snippets)), snippets,
-                         frozenset(names), 5 * len(names))
-
-    monkeypatch.setattr(blocks_mod, "text_codec", lambda backend: (str.split, " ".join))
-    monkeypatch.setattr(blocks_mod, "select", fake_select)
-    stats = SimpleNamespace(count=lambda *a: None)
-    scheduler = SimpleNamespace(warm_block=lambda uri, ctx, sel, promote, withdraw: (warmed.append(sel), promote()))
-    blocks = blocks_mod.Blocks(lambda: ServerConfig(cross_file=True), SimpleNamespace(keys=lambda: []), stats,
-                               SimpleNamespace(backend=SimpleNamespace(prompt_device="cpu")), scheduler)
-    now = [100.0]
-    blocks.clock = lambda: now[0]
-    blocks.later = lambda delay, fn: timers.append((delay, fn)) or object()
-
-    def type_(uri: str, text: str) -> None:
-        lines = text.split("\n")
-        blocks.placed(uri, text, build_context(text, len(lines) - 1, len(lines[-1])))
-        blocks._selector.submit(lambda: None).result()   # the selection thread has done what was asked
-
-    try:
-        new, other = "file:///proj/pkg/new.py", "file:///proj/pkg/other.py"
-        type_(new, "a = alpha(")             # the file's first place: a selection, a new block
-        assert len(warmed) == 1 and blocks.current(new).names == {"alpha"}
-        now[0] += 5
-        type_(new, "a = alpha(\nb = beta(")  # a new name 5 s later: put off, no selection
-        type_(new, "a = alpha(\nb = beta(\nc = gamma(")
-        assert len(asked) == 1 and len(warmed) == 1 and len(timers) == 1    # one timer for the document
-        assert timers[0][0] == pytest.approx(blocks_mod.SWITCH_EVERY_S - 5)
-        assert blocks.keeper.counts["deferred"] == 1
-        now[0] += blocks_mod.SWITCH_EVERY_S
-        timers.pop()[1]()                    # the interval's end: the text typed by then is selected
-        blocks._selector.submit(lambda: None).result()
-        assert asked[-1].endswith("gamma(") and len(warmed) == 2
-        assert blocks.current(new).names == {"alpha", "beta", "gamma"}
-        # a file switch selects at once, whenever the last block came
-        type_(other, "x = delta(")
-        assert len(warmed) == 3 and blocks.current(other).names == {"delta"}
-        # a timer that fires after the person left the document selects nothing for it
-        now[0] += 1
-        type_(other, "x = delta(\ny = eps(")
-        assert len(timers) == 1
-        type_(new, "a = alpha(\nb = beta(\nc = gamma(\nd = zeta(")  # back: a file switch, at once
-        n = len(asked)
-        timers.pop()[1]()
-        blocks._selector.submit(lambda: None).result()
-        assert len(asked) == n
-    finally:
-        blocks.close()
