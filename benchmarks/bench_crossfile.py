@@ -95,12 +95,24 @@ def whole_file_cases(files, fits: Callable[[int], bool], seed: int = 0) -> list[
     return [c for c in cases_of(files, len(files), seed) if c["kind"] == "line" and fits(len(c["doc"]))]
 
 
+def project_cases(args, root: Path, work: Path, device: str = "cpu") -> tuple[Path, list, list[dict]]:
+    """The workspace, the typed files and their cases: bodies removed from files (`prepare`), or with
+    --whole-file new modules' lines while the document fits `device`'s prefix window (`whole_file_cases`)."""
+    from rest_lsp.service.config import ServerConfig, cross_file_on
+
+    if args.whole_file:
+        ws, files = prepare_whole(root, args.whole_file, work)
+        cfg = ServerConfig()
+        return ws, files, whole_file_cases(files, lambda chars: cross_file_on(cfg, device, chars), args.seed)
+    ws, files = prepare(root, args.files, args.bodies, args.seed, work)
+    return ws, files, cases_of(files, args.bodies, args.seed)
+
+
 def run(args, log) -> dict:
     from indexer.store import Datastore
     from rest_lsp.service.backend import load_backend
-    from rest_lsp.service.config import ServerConfig
     from rest_lsp.service.blocks import text_codec
-    from rest_lsp.service.config import cross_file_on
+    from rest_lsp.service.config import ServerConfig
     from rest_lsp.service.crossfile import Cursor, RecentRing, RepoView, select
     from rest_lsp.service.prompt import build_context, shape_completion
 
@@ -118,19 +130,16 @@ def run(args, log) -> dict:
     for spec in args.projects.split(","):
         root = fetch_project(spec)
         with tempfile.TemporaryDirectory() as tmp:
-            ws, files = prepare_whole(root, args.whole_file, Path(tmp)) if args.whole_file else \
-                prepare(root, args.files, args.bodies, args.seed, Path(tmp))
+            ws, files, todo = project_cases(args, root, Path(tmp), getattr(backend, "prompt_device", "cpu"))
             store = Datastore.build([ws], Path(tmp) / "ds", tokenizer=backend.tokenizer_spec())
             view = RepoView(ws, store, encode, decode)
-            device = getattr(backend, "prompt_device", "cpu")
-            todo = whole_file_cases(files, lambda chars: cross_file_on(cfg, device, chars), args.seed) \
-                if args.whole_file else cases_of(files, args.bodies, args.seed)
             mark_cross(todo, ws)
             if args.cross_only:
                 todo = [c for c in todo if c["kind"] == "line" and c["cross"]]
             report["projects"][spec] = {"cases": len(todo), "files": [str(p.relative_to(ws)) for p, _, _ in files]}
             log(f"{spec}: {len(todo)} cases, {len(store.documents)} files indexed")
             for conf in configs:
+                selectors, budget = config_of(conf, args.tokens)
                 backend.history.reset([])  # each configuration drafts from its own output and snippets only
                 backend.clear_snippets()
                 ring = RecentRing()
@@ -141,7 +150,6 @@ def run(args, log) -> dict:
                     prev = case
                     ctx = build_context(case["doc"], case["line"], case["col"])
                     repo, block = None, []
-                    selectors, budget = config_of(conf, args.tokens)
                     if selectors:
                         sel = select([view], Cursor(str(case["file"]), ctx.prefix, ctx.suffix.split("\n", 1)[0],
                                                     case["doc"]), budget=budget, selectors=selectors,
@@ -208,8 +216,8 @@ def count_needs(args) -> dict:
     out = {}
     for spec in args.projects.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            ws, files = prepare(fetch_project(spec), args.files, args.bodies, args.seed, Path(tmp))
-            lines = [c for c in cases_of(files, args.bodies, args.seed) if c["kind"] == "line"]
+            ws, _, cases = project_cases(args, fetch_project(spec), Path(tmp))
+            lines = [c for c in cases if c["kind"] == "line"]
             mark_cross(lines, ws)
             out[spec] = {"lines": len(lines), **{k: sum(c[k] for c in lines)
                                                  for k in ("cross", "unseen", "unseen_repo", "unseen_own")}}
