@@ -37,7 +37,7 @@ def random_tree(q: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return depth_t, mask
 
 
-def _prefill(verifier, context: torch.Tensor) -> None:
+def prefill(verifier, context: torch.Tensor) -> None:
     past = len(context)
     verifier.truncate(0)
     verifier.forward(context, torch.arange(past), torch.ones(past, past, dtype=torch.bool).tril_(), prompt=True)
@@ -52,7 +52,7 @@ def cost_curves(verifiers: dict, vocab: int, qs, past: int, repeats: int,
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (past,), generator=gen)
     for v in verifiers.values():
-        _prefill(v, context)
+        prefill(v, context)
     trees = {q: random_tree(q, gen) for q in qs}
     times: dict[str, dict[int, list[float]]] = {k: {q: [] for q in qs} for k in verifiers}
     for r in range(repeats + 1):  # round 0 is a warm-up (and compiles the buckets)
@@ -82,7 +82,7 @@ def profile_forward(verifier, vocab: int, q: int, past: int, top: int = 20) -> l
     from torch.profiler import ProfilerActivity, profile
 
     gen = torch.Generator().manual_seed(1)
-    _prefill(verifier, torch.randint(0, vocab, (past,), generator=gen))
+    prefill(verifier, torch.randint(0, vocab, (past,), generator=gen))
     depths, mask = random_tree(q, gen)
     for _ in range(2):
         verifier.forward(torch.randint(0, vocab, (q,), generator=gen), depths, mask)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,27 @@ def cost_curve(verifiers: dict, vocab: int, device: str, qs, past: int, repeats:
     return cost_curves(verifiers, vocab, qs, past, repeats, sync=sync)
 
 
+@torch.inference_mode()
+def prefill_ms(verifiers: dict, vocab: int, device: str, past: int, repeats: int) -> dict[str, float]:
+    """Median ms to compute a `past`-token prompt into an empty cache, per verifier: what a new cross-file block
+    (or a new document) costs in the background before its first step. A first untimed prefill captures the
+    pieces' CUDA graphs, which a daemon does once per span, not once per block."""
+    from cost_curve import prefill
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    context = torch.randint(0, vocab, (past,), generator=torch.Generator().manual_seed(1))
+    times: dict[str, list[float]] = {k: [] for k in verifiers}
+    for r in range(repeats + 1):
+        for k, v in verifiers.items():
+            sync()
+            t = time.perf_counter()
+            prefill(v, context)
+            sync()
+            if r:
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return {k: statistics.median(ts) for k, ts in times.items()}
+
+
 def projected(ms: dict[int, float], replay: dict) -> list[dict]:
     """Per policy and budget of a replay report: M, q = nodes + 1 (auto: at its mean tree size), c(q)/c(1) and
     M / (c(q)/c(1)); budgets beyond the largest measured q are left out rather than extrapolated."""
@@ -108,6 +130,8 @@ def main(argv=None) -> dict:
     p.add_argument("--past", default="300,1000", help="comma list of cached tokens before each forward")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--replay", default=None, help="a `rest-lsp replay --json` report: projected speedups")
+    p.add_argument("--prefill", action="store_true",
+                   help="also time the prefill of each --past prompt into an empty cache (a new block's cost)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -129,6 +153,10 @@ def main(argv=None) -> dict:
     for past in pasts:
         curves = cost_curve(verifiers, model.config.vocab_size, args.device, qs, past, args.repeats)
         report["curves"][str(past)] = {}
+        if args.prefill:
+            pre = prefill_ms(verifiers, model.config.vocab_size, args.device, past, args.repeats)
+            report.setdefault("prefill_ms", {})[str(past)] = pre
+            print(f"prefill of {past} tokens: " + ", ".join(f"{k} {v:.1f} ms" for k, v in pre.items()), flush=True)
         print(f"\nc(q) ms after {past} cached tokens (ratio to q={qs[0]}):")
         print("| verifier | " + " | ".join(f"q={q}" for q in qs) + " |\n|---|" + "---|" * len(qs))
         for kind, ms in curves.items():

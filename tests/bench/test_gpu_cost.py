@@ -40,3 +40,14 @@ def test_gpu_cost_refuses_without_cuda(monkeypatch):
 def test_gpu_cost_rejects_unknown_kinds():
     with pytest.raises(SystemExit, match="--kinds"):
         gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--kinds", "eager,warp"])
+
+
+def test_gpu_cost_times_the_prefill_of_each_past(tmp_path):
+    report = gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--dtype", "fp32", "--qs", "1,2",
+                            "--past", "16,40", "--repeats", "1", "--kinds", "static,eager", "--prefill"])
+    assert set(report["prefill_ms"]) == {"16", "40"}
+    for past in ("16", "40"):
+        assert set(report["prefill_ms"][past]) == {"static", "eager"}
+        assert all(ms > 0 for ms in report["prefill_ms"][past].values())
+    assert "prefill_ms" not in gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--dtype", "fp32", "--qs", "1",
+                                              "--past", "16", "--repeats", "1", "--kinds", "static"])
