@@ -608,10 +608,23 @@ def method_options(name: str, extra: dict) -> tuple[str, dict]:
                   **({"model": model} if model else {})}
 
 
+def method_names(spec: str) -> list[str]:
+    """--methods split at the commas outside brackets: a setting's value may be a JSON list,
+    `rest,rest[crossFileSelectors=["similar","siblings"]]` -> ["rest", 'rest[crossFileSelectors=["similar","siblings"]]']."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            names.append(spec[start:i])
+            start = i + 1
+    names.append(spec[start:])
+    return [n for n in names if n]
+
+
 def method_settings(name: str) -> tuple[str, dict]:
     """A method's name without its bracketed settings, and those settings (values read as JSON where they
     parse): `rest@bf16[predictBudgetMs=30]` -> ("rest@bf16", {"predictBudgetMs": 30})."""
-    m = re.fullmatch(r"(.*)\[(.*)\]", name)
+    m = re.fullmatch(r"([^[]*)\[(.*)\]", name)
     if m is None:
         return name, {}
     pairs = [kv for kv in m.group(2).split(";") if kv]
@@ -655,7 +668,7 @@ async def main_async(args) -> dict:
         report = {"project": args.project, "files": [str(p.relative_to(ws)) for p, _, _ in files],
                   "command": " ".join(sys.argv), "cancel": not args.no_cancel, "cursor": not args.no_cursor,
                   "rhythm": asdict(RHYTHMS[args.rhythm]), "methods": {}}
-        names = args.methods.split(",")
+        names = method_names(args.methods)
         trees = {tag: Path(d).resolve() for tag, d in (kv.split("=", 1) for kv in args.tree)}
         runs = {}
         for name in names:  # one after another: a server loads and indexes while the others are idle

@@ -213,6 +213,13 @@ def test_a_method_may_carry_the_source_tree_that_serves_it(tmp_path):
         T.method_tree("rest~after", trees)
 
 
+def test_methods_split_at_commas_outside_a_settings_list():
+    names = T.method_names('rest~a,rest[crossFileSelectors=["similar","siblings"];crossFileTokens=256]~b,,rest-nocf')
+    assert names == ["rest~a", 'rest[crossFileSelectors=["similar","siblings"];crossFileTokens=256]~b', "rest-nocf"]
+    spec, tree = T.method_tree(names[1], {"b": Path("/b")})
+    assert T.method_settings(spec) == ("rest", {"crossFileSelectors": ["similar", "siblings"], "crossFileTokens": 256})
+
+
 def test_the_first_method_is_compared_with_each_other_one_body_by_body():
     per = lambda *a: {"per_body": [{"accepted": x} for x in a]}  # noqa: E731
     base = {"pauses": 1, "shown": 1, "shown_rate": 1.0, "answered_empty": 0, "asked_again": 0,
