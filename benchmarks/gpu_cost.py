@@ -71,14 +71,18 @@ def make_verifiers(model: torch.nn.Module, kinds, max_len: int) -> dict:
     return {k: make[k]() for k in kinds}
 
 
+def device_sync(device: str):
+    """What waits for the device before and after a timed forward (a GPU runs asynchronously)."""
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
 @torch.inference_mode()
 def cost_curve(verifiers: dict, vocab: int, device: str, qs, past: int, repeats: int) -> dict[str, dict[int, float]]:
     """Median ms of one q-token tree verification after a `past`-token cache, per verifier and q: cost_curve.py's
     round-robin loop, waiting for the device around every forward."""
     from cost_curve import cost_curves
 
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    return cost_curves(verifiers, vocab, qs, past, repeats, sync=sync)
+    return cost_curves(verifiers, vocab, qs, past, repeats, sync=device_sync(device))
 
 
 @torch.inference_mode()
@@ -88,7 +92,7 @@ def prefill_ms(verifiers: dict, vocab: int, device: str, past: int, repeats: int
     pieces' CUDA graphs, which a daemon does once per span, not once per block."""
     from cost_curve import prefill
 
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = device_sync(device)
     context = torch.randint(0, vocab, (past,), generator=torch.Generator().manual_seed(1))
     times: dict[str, list[float]] = {k: [] for k in verifiers}
     for r in range(repeats + 1):

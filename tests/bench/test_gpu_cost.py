@@ -42,7 +42,7 @@ def test_gpu_cost_rejects_unknown_kinds():
         gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--kinds", "eager,warp"])
 
 
-def test_gpu_cost_times_the_prefill_of_each_past(tmp_path):
+def test_gpu_cost_times_the_prefill_of_each_past():
     report = gpu_cost.main(["--shape", "tiny", "--device", "cpu", "--dtype", "fp32", "--qs", "1,2",
                             "--past", "16,40", "--repeats", "1", "--kinds", "static,eager", "--prefill"])
     assert set(report["prefill_ms"]) == {"16", "40"}

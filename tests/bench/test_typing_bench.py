@@ -216,7 +216,7 @@ def test_a_method_may_carry_the_source_tree_that_serves_it(tmp_path):
 def test_methods_split_at_commas_outside_a_settings_list():
     names = T.method_names('rest~a,rest[crossFileSelectors=["similar","siblings"];crossFileTokens=256]~b,,rest-nocf')
     assert names == ["rest~a", 'rest[crossFileSelectors=["similar","siblings"];crossFileTokens=256]~b', "rest-nocf"]
-    spec, tree = T.method_tree(names[1], {"b": Path("/b")})
+    spec, _ = T.method_tree(names[1], {"b": Path("/b")})
     assert T.method_settings(spec) == ("rest", {"crossFileSelectors": ["similar", "siblings"], "crossFileTokens": 256})
 
 
