@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "REST_LSP_CACHE": str(tmp_path / "cache")}
+    # WHEELS: an empty folder, not a checkout's .whl/ (wheels fetched for a GPU machine's Python, not this one's)
+    (tmp_path / "no-wheels").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHON": sys.executable, "REST_LSP_CACHE": str(tmp_path / "cache"),
+           "WHEELS": str(tmp_path / "no-wheels")}
     return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=900)
 
