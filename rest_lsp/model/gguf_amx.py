@@ -261,7 +261,9 @@ def kernel() -> Any | None:
 
     from restbase.storage import cache_root
 
-    build = cache_root() / "kernels" / f"gguf_amx-torch{torch.__version__.replace('+', '_')}"
+    # one folder per source: a daemon and a `rest-lsp complete` of two versions would otherwise rebuild each
+    # other's module in place (ninja compares the source it was given)
+    build = cache_root() / "kernels" / f"gguf_amx-{source_digest()}-torch{torch.__version__.replace('+', '_')}"
     build.mkdir(parents=True, exist_ok=True)
     # the compiler runs ninja; a venv's own (the `ninja` requirement) when the venv is not on PATH
     path = os.environ.get("PATH", "")

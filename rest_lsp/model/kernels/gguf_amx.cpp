@@ -158,21 +158,26 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
         const uint16_t* xa = xbp + m0 * K + sb * 256;
         group_products(xa, K, wbuf[0], 32, 8, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
+        __m512 S[8], L[8];
         for (int gi = 0; gi < 8; ++gi) {
-          const int64_t g = sb * 8 + gi;
-          const uint8_t* s = sp + (nb * G + g) * 32;
-          const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+          const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
+          S[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-          const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+          L[gi] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
-          for (int64_t r = 0; r < rows; ++r) {
-            float* t = tot + (m0 + r) * 16;
-            const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + g]);
+        }
+        // row by row with the sum in a register: each element's operations and their order are those of
+        // group by group (g ascending), with one load and one store of the total a row instead of eight
+        for (int64_t r = 0; r < rows; ++r) {
+          float* t = tot + (m0 + r) * 16;
+          const float* xr = xsum.data() + (m0 + r) * G + sb * 8;
+          __m512 v = _mm512_loadu_ps(t);
+          for (int gi = 0; gi < 8; ++gi) {
+            const __m512 xs = _mm512_set1_ps(xr[gi]);
             const __m512 dot = _mm512_fnmadd_ps(c128, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q, not 128 + q
-            __m512 v = _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t));
-            v = _mm512_fnmadd_ps(L, xs, v);
-            _mm512_storeu_ps(t, v);
+            v = _mm512_fnmadd_ps(L[gi], xs, _mm512_fmadd_ps(S[gi], dot, v));
           }
+          _mm512_storeu_ps(t, v);
         }
       }
     }
@@ -225,16 +230,21 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
         const uint16_t* xa = xbp + m0 * K + sb * 256;
         group_products(xa, K, wbuf[0], 16, 16, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
+        __m512 S[16];
         for (int gi = 0; gi < 16; ++gi) {
           const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
-          const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          S[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-          for (int64_t r = 0; r < rows; ++r) {
-            float* t = tot + (m0 + r) * 16;
-            const __m512 xs = _mm512_set1_ps(xsum[(m0 + r) * G + sb * 16 + gi]);
-            const __m512 dot = _mm512_fnmadd_ps(c160, xs, _mm512_load_ps(cbuf[gi] + 16 * r));  // q - 32
-            _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+        }
+        for (int64_t r = 0; r < rows; ++r) {  // the total in a register, as in q4k_amx_mm
+          float* t = tot + (m0 + r) * 16;
+          const float* xr = xsum.data() + (m0 + r) * G + sb * 16;
+          __m512 v = _mm512_loadu_ps(t);
+          for (int gi = 0; gi < 16; ++gi) {
+            const __m512 dot = _mm512_fnmadd_ps(c160, _mm512_set1_ps(xr[gi]), _mm512_load_ps(cbuf[gi] + 16 * r));
+            v = _mm512_fmadd_ps(S[gi], dot, v);  // q - 32
           }
+          _mm512_storeu_ps(t, v);
         }
       }
     }
@@ -301,14 +311,18 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
         const uint16_t* xa = xbp + m0 * K + g0 * 32;
         group_products(xa, K, wbuf[0], 32, ng, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
-        for (int gi = 0; gi < ng; ++gi) {
-          const __m512 S = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
-          for (int64_t r = 0; r < rows; ++r) {
-            float* t = tot + (m0 + r) * 16;
+        __m512 S[8];
+        for (int gi = 0; gi < ng; ++gi) S[gi] = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
+        for (int64_t r = 0; r < rows; ++r) {  // the total in a register, as in q4k_amx_mm
+          float* t = tot + (m0 + r) * 16;
+          const float* xr = xsum.data() + (m0 + r) * G + g0;
+          __m512 v = _mm512_loadu_ps(t);
+          for (int gi = 0; gi < ng; ++gi) {
             __m512 dot = _mm512_load_ps(cbuf[gi] + 16 * r);
-            if (!Q8) dot = _mm512_fnmadd_ps(c144, _mm512_set1_ps(xsum[(m0 + r) * G + g0 + gi]), dot);  // q - 16
-            _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+            if (!Q8) dot = _mm512_fnmadd_ps(c144, _mm512_set1_ps(xr[gi]), dot);  // q - 16
+            v = _mm512_fmadd_ps(S[gi], dot, v);
           }
+          _mm512_storeu_ps(t, v);
         }
       }
     }
