@@ -50,6 +50,7 @@ class Blocks:
         self._places: OrderedDict[str, tuple[str, int, int]] = OrderedDict()  # uri -> (text, line, column)
         self._active: str | None = None
         self._long: set[str] = set()   # documents past the prefix window ("auto": no block; cross_file_on)
+        self._born_short: dict[str, bool] = {}   # uri -> whether it fitted the window when first seen
         self._selecting: dict[str, tuple] = {}   # uri -> the latest (text, ctx) to select for
         self._selecting_lock = threading.Lock()
         self._selector = ThreadPoolExecutor(1, thread_name_prefix="rest-lsp-context")
@@ -65,7 +66,10 @@ class Blocks:
         return getattr(backend or self.worker.backend, "prompt_device", "cpu")
 
     def _on(self, uri: str, text: str) -> bool:
-        on = cross_file_on(self._settings(), self._device(), len(text), was_long=uri in self._long)
+        config, device = self._settings(), self._device()
+        if uri not in self._born_short:
+            self._born_short[uri] = cross_file_on(config, device, len(text))
+        on = cross_file_on(config, device, len(text), was_long=uri in self._long, born_short=self._born_short[uri])
         if on:
             self._long.discard(uri)
         else:
@@ -108,6 +112,7 @@ class Blocks:
         self.keeper.forget(uri)
         self._places.pop(uri, None)
         self._long.discard(uri)
+        self._born_short.pop(uri, None)
 
     def use_now(self, uri: str, text: str, ctx: CompletionContext) -> Optional[Selection]:
         """Select the document's block here and use it from the next prompt on (a one-shot completion, the

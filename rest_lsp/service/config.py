@@ -162,17 +162,20 @@ CROSS_FILE_SELECTORS = ("definitions", "similar", "recent", "siblings")
 AUTO_BACK_UNDER = 0.9  # "auto": a document that grew past the prefix window gets its block back under 90% of it
 
 
-def cross_file_on(config: "ServerConfig", device_type: str, document_chars: int, was_long: bool = False) -> bool:
+def cross_file_on(config: "ServerConfig", device_type: str, document_chars: int, was_long: bool = False,
+                  born_short: bool = False) -> bool:
     """Whether a document's prompts start with other files' code. "auto": while the whole document fits the
     prompt's prefix window - a new or short file, where the window has room and other files' code measured
     better for a person typing (a new module among its siblings: +7.6% characters accepted); a longer file's
     window already holds what its lines need, and there the block measured level or worse
-    (docs/results/crossfile.md, 2026-12-04). Each switch costs the whole prompt on a keystroke's path, so a
-    document that was past the window (`was_long`) gets its block back only well under it: editing around the
-    limit does not switch at every line."""
+    (docs/results/crossfile.md, 2026-12-04). A document that fitted the window when the daemon first saw it
+    (`born_short`: a new module being written) keeps its block as it grows past the window: there it measured
+    +2.5% (2026-12-05), and dropping it costs the whole prompt. Each switch costs the whole prompt on a
+    keystroke's path, so a document that was past the window (`was_long`) gets its block back only well under
+    it: editing around the limit does not switch at every line."""
     if config.cross_file == "auto":
         window = prompt_windows(config, device_type)[0]
-        return document_chars <= (window * AUTO_BACK_UNDER if was_long else window)
+        return born_short or document_chars <= (window * AUTO_BACK_UNDER if was_long else window)
     return bool(config.cross_file)
 
 

@@ -476,8 +476,9 @@ def test_every_selector_is_a_setting_and_the_default_takes_them_all():
 
 def test_auto_puts_a_block_before_a_document_that_fits_the_prefix_window_only(daemon):
     """`crossFile: "auto"` (the default): other files' code while the whole document fits the prompt's prefix
-    window (a new or short file); a longer document selects nothing and its prompts hold no block, and a short
-    one that grows past the window loses its block."""
+    window (a new or short file); a longer document selects nothing and its prompts hold no block; a short one
+    that grows past the window keeps its block (a new module being written), and a long one cut under the
+    window gets one only well under it."""
     from rest_lsp.service.config import ServerConfig
     from rest_lsp.service.core import CompletionRequest
 
@@ -507,13 +508,17 @@ def test_auto_puts_a_block_before_a_document_that_fits_the_prefix_window_only(da
     assert service.crossfile.counts["selections"] == selections   # nothing selected for it
 
     grown = CURRENT + "run()\n        " + "x = 1\n        " * 4  # the short document grows past the window
-    assert ask(short, grown).record["context"] is None
-    # back to just under the window: still none (each switch costs the whole prompt, so no switch at every line
-    # edited around the limit); well under it, the block again
+    assert len(grown) > window
+    assert ask(short, grown).record["context"]["snippets"] == service.crossfile.current(short).describe()
+    # the long one cut to just under the window: still none (each switch costs the whole prompt, so no switch at
+    # every line edited around the limit); well under it, a block
     near, back = CURRENT + "em" + " " * 30, CURRENT + "ctx"   # (texts no earlier prediction covers)
     assert window * 0.9 < len(near) <= window and len(back) <= window * 0.9
-    assert ask(short, near).record["context"] is None
-    assert ask(short, back).record["context"]["snippets"] == service.crossfile.current(short).describe()
+    assert ask(long_uri, near).record["context"] is None
+    ask(short, grown + "x")   # away and back: a file switch selects
+    ask(long_uri, back)
+    assert _wait(lambda: service.crossfile.current(long_uri) is not None and service.crossfile.pending(long_uri) is None)
+    assert ask(long_uri, back + "em").record["context"]["snippets"] == service.crossfile.current(long_uri).describe()
 
 
 def test_cross_file_setting_is_true_false_or_auto():
@@ -531,6 +536,8 @@ def test_cross_file_setting_is_true_false_or_auto():
     assert config.cross_file_on(config.ServerConfig(), "cuda", 6000)         # a GPU's is larger
     assert config.cross_file_on(cfg, "cpu", 90, was_long=True)
     assert not config.cross_file_on(cfg, "cpu", 91, was_long=True)
+    assert config.cross_file_on(cfg, "cpu", 10 ** 6, born_short=True)
+    assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0, born_short=True)
     assert config.cross_file_on(config.ServerConfig(cross_file=True), "cpu", 10 ** 6)
     assert not config.cross_file_on(config.ServerConfig(cross_file=False), "cpu", 0)
 
