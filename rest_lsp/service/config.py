@@ -62,7 +62,7 @@ class ServerConfig:
     queue_size: int = 8                 # pending requests (one per document at most) before the oldest is dropped
     cross_file: bool | str = "auto"     # other files of the repository before the current one in the prompt:
                                         # true, false, or "auto": while the document fits the prompt's prefix
-                                        # window (`cross_file_on`)
+                                        # window, or did when first seen (`cross_file_on`)
     cross_file_tokens: int | None = None  # their token budget; None: 512 on a CPU, 2048 elsewhere
     cross_file_selectors: list[str] = field(default_factory=lambda: ["definitions", "similar", "recent", "siblings"])
     server: dict | None = None          # a team server (rest-lsp team-server, docs/team.md) that decodes instead of
