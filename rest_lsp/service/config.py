@@ -159,7 +159,7 @@ CROSS_FILE_TOKENS = {"cpu": 512, "other": 2048}
 CROSS_FILE_SELECTORS = ("definitions", "similar", "recent", "siblings")
 
 
-AUTO_BACK_UNDER = 0.9  # "auto": a document that grew past the prefix window gets its block back under 90% of it
+AUTO_BACK_UNDER = 0.9  # "auto": a document past the prefix window when first seen gets a block under 90% of it
 
 
 def cross_file_on(config: "ServerConfig", device_type: str, document_chars: int, was_long: bool = False,

@@ -563,6 +563,34 @@ def test_auto_follows_the_prefix_window_of_the_backend_that_builds_the_prompts()
     assert not on(local_cpu) and on(remote)
 
 
+def test_auto_keeps_the_block_of_a_document_first_seen_within_the_window():
+    """A new module being written keeps its block past the CPU's 3,000-character window; a document first seen
+    past it has none, gets one only under 90% of the window, and loses it again past the window; `true` when
+    first seen does not make a long document keep one under `auto` later."""
+    from types import SimpleNamespace
+
+    from rest_lsp.service.blocks import Blocks
+    from rest_lsp.service.config import ServerConfig
+
+    settings = {"config": ServerConfig()}
+    blocks = Blocks(lambda: settings["config"], None, None, SimpleNamespace(backend=SimpleNamespace(prompt_device="cpu")),
+                    None)
+    try:
+        assert blocks._on("file:///new.py", "x" * 100) and blocks._on("file:///new.py", "x" * 5000)
+        assert not blocks._on("file:///long.py", "x" * 4000)
+        assert not blocks._on("file:///long.py", "x" * 2900)    # under the window, not under 90% of it
+        assert blocks._on("file:///long.py", "x" * 2000)
+        assert not blocks._on("file:///long.py", "x" * 4000)
+        settings["config"] = ServerConfig(cross_file=True)
+        assert blocks._on("file:///other.py", "x" * 4000)
+        settings["config"] = ServerConfig()
+        assert not blocks._on("file:///other.py", "x" * 4000)
+        blocks.closed("file:///new.py")   # reopened long: a document first seen past the window
+        assert not blocks._on("file:///new.py", "x" * 5000)
+    finally:
+        blocks.close()
+
+
 def test_the_block_budget_is_that_of_the_backend_that_builds_the_prompts(monkeypatch):
     """A team server's block holds 2,048 tokens (its prompt windows are a GPU's), this CPU's 512."""
     from types import SimpleNamespace
