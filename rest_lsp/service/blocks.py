@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
-from .config import ServerConfig, cross_file_budget, cross_file_on, prompt_windows
+from .config import ServerConfig, cross_file_budget, cross_file_on, fits_prefix_window
 from .crossfile import ContextKeeper, Cursor, RepoView, Selection, select
 from .datastores import DatastoreSet
 from .prompt import CompletionContext, PositionError, build_context
@@ -68,7 +68,7 @@ class Blocks:
     def _on(self, uri: str, text: str) -> bool:
         config, device = self._settings(), self._device()
         if uri not in self._born_short:
-            self._born_short[uri] = len(text) <= prompt_windows(config, device)[0]
+            self._born_short[uri] = fits_prefix_window(config, device, len(text))
         on = cross_file_on(config, device, len(text), was_long=uri in self._long, born_short=self._born_short[uri])
         if on:
             self._long.discard(uri)

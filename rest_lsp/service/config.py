@@ -174,9 +174,14 @@ def cross_file_on(config: "ServerConfig", device_type: str, document_chars: int,
     keystroke's path, so a document that was past the window (`was_long`) gets its block back only well under
     it: editing around the limit does not switch at every line."""
     if config.cross_file == "auto":
-        window = prompt_windows(config, device_type)[0]
-        return born_short or document_chars <= (window * AUTO_BACK_UNDER if was_long else window)
+        return born_short or fits_prefix_window(config, device_type, document_chars,
+                                                AUTO_BACK_UNDER if was_long else 1.0)
     return bool(config.cross_file)
+
+
+def fits_prefix_window(config: "ServerConfig", device_type: str, document_chars: int, share: float = 1.0) -> bool:
+    """Whether a whole document fits `share` of the prompt's prefix window on this device."""
+    return document_chars <= prompt_windows(config, device_type)[0] * share
 
 
 def cross_file_budget(config: "ServerConfig", device_type: str) -> int:
