@@ -79,3 +79,24 @@ def test_a_llama_tool_killed_by_a_signal_fails_with_the_rebuild_hint(tmp_path):
     with pytest.raises(SystemExit) as err:
         S.run([fails], lambda s: None)
     assert "(3)" in str(err.value) and "LLAMA_AMX" not in str(err.value)
+
+
+def test_two_llama_passes_pool_tokens_over_time_and_the_table_shows_each():
+    """llama.cpp's passes before and after ours count as one arm: tokens over time across both (a drift of
+    the machine during the run moves both sides alike), each pass's own rate kept for the report."""
+    ar = [[1, 2, 3]]
+    first = S.summarize_llama([{"tokens": [1, 2, 3], "predicted_n": 3, "predicted_ms": 100.0,
+                                "draft_n": 4, "draft_accepted": 1}], ar)
+    second = S.summarize_llama([{"tokens": [1, 2, 3], "predicted_n": 3, "predicted_ms": 300.0,
+                                 "draft_n": 4, "draft_accepted": 1}], ar)
+    p = S.pooled([first, second])
+    assert p["passes_tokens_per_s"] == [20.0, 2 / 0.3]
+    assert p["tokens_per_s"] == 4 / 0.4  # not the mean of the two rates (13.3)
+    assert p["tokens"] == 3 and p["identical_to_ours_ar"] == 1
+    assert (p["all_tokens"], p["steps"], p["draft_accepted"]) == (6, 4, 2)
+    h = {"n": 1, "max_new_tokens": 3, "corpus_text": {"datastore_tokens": 10}, "llama.cpp": p,
+         "methods": {"llama.cpp plain": {"tokens": 3, "tokens_per_s": p["tokens_per_s"], "accepted": 1.0,
+                                         "same": 1, "passes": p["passes_tokens_per_s"]}}}
+    text = S.table({"model": "m", "gguf": "m.gguf", "threads": 2, "cpu": "c", "humaneval": h})
+    assert "| llama.cpp plain | 3 | 10.00 | 1.00x | 1.0 | 1/1 |" in text
+    assert "llama.cpp plain 20.00 / 6.67" in text
