@@ -137,22 +137,23 @@ def lookup_cache(corpus: Path, gguf: Path, create: Path, threads: int, tmp: Path
 
 
 # ------------------------------------------------------------------------------------------- HumanEval
-def ours_humaneval(model: str, precision: str, corpus: Path, limit: int, max_new: int, tmp: Path, log) -> dict:
-    out = tmp / "bench.json"
+def rest_bench(model: str, precision: str, limit: int, max_new: int, out: Path, log, *args) -> dict:
+    """`rest-lsp bench` on the first `limit` HumanEval prompts; its JSON report."""
     run([ROOT / ".venv" / "bin" / "rest-lsp", "bench", "--model", model, "--precision", precision,
-         "--prompts", "humaneval", "--limit", limit, "--max-new-tokens", max_new, "--methods", "ar,rest",
-         "--datastore", corpus, "--json", out], log)
+         "--prompts", "humaneval", "--limit", limit, "--max-new-tokens", max_new, *args, "--json", out], log)
     return json.loads(out.read_text())
+
+
+def ours_humaneval(model: str, precision: str, corpus: Path, limit: int, max_new: int, tmp: Path, log) -> dict:
+    return rest_bench(model, precision, limit, max_new, tmp / "bench.json", log,
+                      "--methods", "ar,rest", "--datastore", corpus)
 
 
 def humaneval_prompt_ids(model: str, precision: str, limit: int, tmp: Path, log) -> list[list[int]]:
     """The prompts' token ids as `rest-lsp bench` builds them (one new token each: a load and the prefills), so
     llama.cpp's first passes can run before ours."""
-    out = tmp / "prompts.json"
-    run([ROOT / ".venv" / "bin" / "rest-lsp", "bench", "--model", model, "--precision", precision,
-         "--prompts", "humaneval", "--limit", limit, "--max-new-tokens", 1, "--methods", "ar",
-         "--no-warmup", "--json", out], log)
-    return [r["prompt_ids"] for r in json.loads(out.read_text())["methods"]["ar"]["per_prompt"]]
+    report = rest_bench(model, precision, limit, 1, tmp / "prompts.json", log, "--methods", "ar", "--no-warmup")
+    return [r["prompt_ids"] for r in report["methods"]["ar"]["per_prompt"]]
 
 
 async def llama_humaneval(server: LlamaServer, prompts: list[list[int]], max_new: int, log) -> dict:
@@ -179,13 +180,15 @@ async def llama_humaneval(server: LlamaServer, prompts: list[list[int]], max_new
 def pooled(passes: list[dict]) -> dict:
     """Two passes of one llama.cpp arm as one: the first pass's outputs, tokens over time across both (the
     passes' own rates kept)."""
-    tokens = sum(p["rate_tokens"] for p in passes)
-    ms = sum(p["rate_ms"] for p in passes)
-    return {**passes[0], "tokens_per_s": tokens / ms * 1e3 if ms else None,
+    def total(key: str) -> float:
+        return sum(p[key] for p in passes)
+
+    steps = total("tokens") - total("draft_accepted")
+    return {"tokens": passes[0]["tokens"], "identical_to_ours_ar": passes[0]["identical_to_ours_ar"],
+            "tokens_per_s": total("rate_tokens") / total("rate_ms") * 1e3 if total("rate_ms") else None,
             "passes_tokens_per_s": [p["tokens_per_s"] for p in passes],
-            "draft_n": sum(p["draft_n"] for p in passes), "draft_accepted": sum(p["draft_accepted"] for p in passes),
-            "steps": sum(p["tokens"] - p["draft_accepted"] for p in passes),
-            "all_tokens": sum(p["tokens"] for p in passes)}
+            "draft_n": total("draft_n"), "draft_accepted": total("draft_accepted"),
+            "accepted_per_step": round(total("tokens") / steps, 2) if steps else ""}
 
 
 def summarize_llama(rows: list[dict], ar_outputs: list[list[int]]) -> dict:
@@ -312,7 +315,7 @@ def main(argv=None) -> int:
                                       "same": lp["identical_to_ours_ar"], "passes": lp["passes_tokens_per_s"]}
         methods["llama.cpp lookup (ngram-cache)"] = {
             "tokens": ll["tokens"], "tokens_per_s": ll["tokens_per_s"],
-            "accepted": round(ll["all_tokens"] / ll["steps"], 2) if ll["steps"] else "",
+            "accepted": ll["accepted_per_step"],
             "same": ll["identical_to_ours_ar"], "passes": ll["passes_tokens_per_s"]}
         report["humaneval"] = {"n": len(prompts), "max_new_tokens": args.max_new_tokens, "methods": methods,
                                "llama.cpp": lp, "llama.cpp lookup": ll, "corpus": str(corpus), "corpus_text": text,
