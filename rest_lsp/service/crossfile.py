@@ -57,6 +57,8 @@ CLASS_LINES = 40           # a class's outline: header, members and method signa
 SIMILAR_N = 6              # tokens per n-gram of the similarity vote
 SIMILAR_MAX_COUNT = 32     # an n-gram found more often is boilerplate: it does not vote
 SIMILAR_LINES = 16         # lines of a similar region
+SIMILAR_BEFORE = 4         # of them, lines before the place that corresponds to the cursor (the rest: what follows)
+SIMILAR_SLACK = 3          # places this many lines apart vote together (lines inserted or dropped in between)
 SIMILAR_MIN_VOTES = 3.0    # a region needs about three rare shared n-grams: one shared phrase is chance
 RING = 16                  # chunks kept in the recent-files ring
 RING_LINES = 16            # lines of a ring chunk
@@ -252,7 +254,7 @@ class RepoView:
             return None
         ids = ids.tolist()
         text = self.decode(ids)
-        nl = self._newline_counts(ids)
+        nl = self.newline_counts(ids)
         lines_at = np.concatenate([[0], np.cumsum(nl)[:-1]]) if len(ids) else np.zeros(0, np.int64)
         with self._lock:
             self._texts[key] = (text, lines_at)
@@ -260,7 +262,7 @@ class RepoView:
                 self._texts.popitem(last=False)
         return text, lines_at
 
-    def _newline_counts(self, ids: list[int]) -> np.ndarray:
+    def newline_counts(self, ids: list[int]) -> np.ndarray:
         """Line breaks in each token's text (a byte-level token never splits "\\n")."""
         table = self._newlines
         for t in set(ids) - table.keys():
@@ -381,10 +383,24 @@ def select_definitions(view: RepoView, cur: Cursor, *, names: list[str] | None =
 
 
 def select_similar(view: RepoView, cur: Cursor, *, limit: int = 4) -> list[Snippet]:
-    window = "\n".join(cur.prefix.split("\n")[-WINDOW_LINES:])
-    ids = view.encode(window)
-    votes: dict[tuple[str, int], float] = {}
-    for i in range(0, max(0, len(ids) - SIMILAR_N + 1)):
+    """The places of other files that correspond to the cursor, and what follows them there.
+
+    Every 6-token n-gram of the window is searched in the suffix arrays; an occurrence votes 1/count (a rare
+    shared n-gram says more; one found more than 32 times is boilerplate and does not vote) for the line of
+    its file where the cursor would be: its own line plus the window's lines from the n-gram to the cursor.
+    The n-grams of a region that the window repeats agree on that place wherever they sit in the window: a
+    place's score is the votes within 3 lines of it, and the snippet starts from the most voted line there.
+    Example: the ten lines before the cursor's (empty) line equal lines 30-39 of a sibling; each of their
+    n-grams votes for the sibling's line 40, and the snippet is lines 36-51: four lines of the match, then the
+    twelve that follow it, what the cursor may continue with.
+    """
+    lines_w = cur.prefix.split("\n")[-WINDOW_LINES:]
+    ids = view.encode("\n".join(lines_w))
+    if len(ids) < SIMILAR_N:
+        return []
+    to_cursor = (len(lines_w) - 1) - np.concatenate([[0], np.cumsum(view.newline_counts(ids))[:-1]])
+    votes: dict[str, dict[int, float]] = {}
+    for i in range(len(ids) - SIMILAR_N + 1):
         total, hits = view.locator.occurrences(ids[i:i + SIMILAR_N], SIMILAR_MAX_COUNT + 1)
         if not hits or total > SIMILAR_MAX_COUNT:
             continue
@@ -394,23 +410,22 @@ def select_similar(view: RepoView, cur: Cursor, *, limit: int = 4) -> list[Snipp
             got = view.text(path)
             if got is None or off >= len(got[1]):
                 continue
-            line = int(got[1][off])
-            votes[(path, line)] = votes.get((path, line), 0.0) + 1.0 / total
-    # regions: the votes of the lines within half a region of each other add up
-    regions: dict[tuple[str, int], float] = {}
-    half = SIMILAR_LINES // 2
-    for (path, line), v in votes.items():
-        regions[(path, line // half)] = regions.get((path, line // half), 0.0) + v
+            at = votes.setdefault(path, {})
+            place = int(got[1][off]) + int(to_cursor[i])
+            at[place] = at.get(place, 0.0) + 1.0 / total
+    places = sorted(((sum(at.get(c + d, 0.0) for d in range(-SIMILAR_SLACK, SIMILAR_SLACK + 1)), path, c)
+                     for path, at in votes.items() for c in at), key=lambda t: (-t[0], t[1], t[2]))
     out: list[Snippet] = []
     taken: list[tuple[str, int, int]] = []
-    best = max(regions.values(), default=0.0)
-    for (path, bucket), v in sorted(regions.items(), key=lambda kv: -kv[1]):
+    best = places[0][0] if places else 0.0
+    for v, path, c in places:
         if len(out) >= limit or v < max(0.25 * best, SIMILAR_MIN_VOTES):
             break
+        at = votes[path]  # the place itself: the most voted line near the best neighbourhood's centre
+        place = max(range(c - SIMILAR_SLACK, c + SIMILAR_SLACK + 1), key=lambda p: (at.get(p, 0.0), -abs(p - c)))
         lines = view.text(path)[0].split("\n")
-        # the region ends where the voted lines end: the cursor continues what follows the match
-        end = min(len(lines), bucket * half + half + half)
-        start = max(0, end - SIMILAR_LINES)
+        start = max(0, min(place - SIMILAR_BEFORE, len(lines) - SIMILAR_LINES))
+        end = min(len(lines), start + SIMILAR_LINES)
         if any(p == path and a < end and start < b for p, a, b in taken):
             continue
         taken.append((path, start, end))

@@ -210,6 +210,45 @@ def test_similar_code_comes_from_the_sibling_modules(repo):
     assert any("ctx.lookup_setting(" in s.text for s in sel.snippets)
 
 
+MATCHED = [
+    "def load_table(reader, schema):",
+    "    rows = reader.fetch_all()",
+    "    if not rows:",
+    "        raise EmptyTable(schema.name)",
+    "    columns = schema.column_names()",
+    "    for row in rows:",
+    "        check_width(row, columns)",
+    "    table = Table(schema, rows)",
+    "    table.freeze()",
+    "    return table",
+]
+
+
+def test_similar_code_is_what_follows_the_place_that_corresponds_to_the_cursor(tmp_path, plain_tok):
+    # the sibling repeats the document's last ten lines at its lines 30-39 and goes on with lines only it has:
+    # the snippet is four lines of the match and the twelve after it (lines 36-51), whichever part of the match
+    # most n-grams fall in
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    filler = [f"WEIGHT_{k} = {k * 7} + OFFSET_{k % 5}" for k in range(30)]
+    after = [f"def step_{k}(table):  # CONTINUES {k}" if k % 3 == 0 else f"    return table.part({k})"
+             for k in range(20)]
+    (root / "pkg" / "sibling.py").write_text("\n".join(filler + MATCHED + after) + "\n")
+    current = "\n".join(MATCHED) + "\n"
+    (root / "pkg" / "current.py").write_text(current)
+    store = Datastore.build([root], tmp_path / "ds", tokenizer=plain_tok, filters=Filters())
+    try:
+        enc = lambda t: plain_tok.encode(t, add_special_tokens=False)  # noqa: E731
+        view = RepoView(root, store, enc, lambda ids: plain_tok.decode(ids))
+        sel = select([view], Cursor(str(root / "pkg" / "current.py"), current, "", current), budget=2000,
+                     selectors=["similar"], ring=None, encode=enc)
+    finally:
+        store.close()
+    best = max(sel.snippets, key=lambda s: s.score)
+    assert (best.path, best.start, best.end) == ("pkg/sibling.py", 36, 52)
+    assert best.text.split("\n")[4] == after[0] and "CONTINUES 9" in best.text
+
+
 ODD = '''"""Helpers that share no plugin pattern."""
 import math
 
