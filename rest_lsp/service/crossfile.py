@@ -254,15 +254,20 @@ class RepoView:
             return None
         ids = ids.tolist()
         text = self.decode(ids)
-        nl = self.newline_counts(ids)
-        lines_at = np.concatenate([[0], np.cumsum(nl)[:-1]]) if len(ids) else np.zeros(0, np.int64)
+        lines_at = self.token_lines(ids)
         with self._lock:
             self._texts[key] = (text, lines_at)
             while len(self._texts) > 256:
                 self._texts.popitem(last=False)
         return text, lines_at
 
-    def newline_counts(self, ids: list[int]) -> np.ndarray:
+    def token_lines(self, ids: list[int]) -> np.ndarray:
+        """The line (from 0) each token of a text starts on."""
+        if not ids:
+            return np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(self._newline_counts(ids))[:-1]])
+
+    def _newline_counts(self, ids: list[int]) -> np.ndarray:
         """Line breaks in each token's text (a byte-level token never splits "\\n")."""
         table = self._newlines
         for t in set(ids) - table.keys():
@@ -398,7 +403,7 @@ def select_similar(view: RepoView, cur: Cursor, *, limit: int = 4) -> list[Snipp
     ids = view.encode("\n".join(lines_w))
     if len(ids) < SIMILAR_N:
         return []
-    to_cursor = (len(lines_w) - 1) - np.concatenate([[0], np.cumsum(view.newline_counts(ids))[:-1]])
+    to_cursor = (len(lines_w) - 1) - view.token_lines(ids)
     votes: dict[str, dict[int, float]] = {}
     for i in range(len(ids) - SIMILAR_N + 1):
         total, hits = view.locator.occurrences(ids[i:i + SIMILAR_N], SIMILAR_MAX_COUNT + 1)

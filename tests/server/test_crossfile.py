@@ -91,13 +91,17 @@ def make_repo(root: Path) -> Path:
     return root
 
 
+def index(root: Path, ds: Path, tok, filters: Filters) -> tuple:
+    """The folder's datastore, a RepoView of it and the encoder the selectors take."""
+    store = Datastore.build([root], ds, tokenizer=tok, filters=filters)
+    enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    return store, RepoView(root, store, enc, lambda ids: tok.decode(ids)), enc
+
+
 @pytest.fixture
 def repo(tmp_path, plain_tok):
     root = make_repo(tmp_path / "proj")
-    store = Datastore.build([root], tmp_path / "ds", tokenizer=plain_tok,
-                            filters=Filters(exclude_paths=("generated/",)))
-    enc = lambda t: plain_tok.encode(t, add_special_tokens=False)  # noqa: E731
-    view = RepoView(root, store, enc, lambda ids: plain_tok.decode(ids))
+    store, view, enc = index(root, tmp_path / "ds", plain_tok, Filters(exclude_paths=("generated/",)))
     yield root, store, view, enc
     store.close()
 
@@ -236,10 +240,8 @@ def test_similar_code_is_what_follows_the_place_that_corresponds_to_the_cursor(t
     (root / "pkg" / "sibling.py").write_text("\n".join(filler + MATCHED + after) + "\n")
     current = "\n".join(MATCHED) + "\n"
     (root / "pkg" / "current.py").write_text(current)
-    store = Datastore.build([root], tmp_path / "ds", tokenizer=plain_tok, filters=Filters())
+    store, view, enc = index(root, tmp_path / "ds", plain_tok, Filters())
     try:
-        enc = lambda t: plain_tok.encode(t, add_special_tokens=False)  # noqa: E731
-        view = RepoView(root, store, enc, lambda ids: plain_tok.decode(ids))
         sel = select([view], Cursor(str(root / "pkg" / "current.py"), current, "", current), budget=2000,
                      selectors=["similar"], ring=None, encode=enc)
     finally:
