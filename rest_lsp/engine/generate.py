@@ -9,6 +9,9 @@
             first step            a prompt that lacks only a few tokens (a key typed) has them computed in
                                   the forward that verifies the first draft tree, rooted at its last token:
                                   the first suggestion costs one forward, not a prefill and then a step
+            known row             a prompt the cache holds whole, whose last row an earlier forward computed
+                                  (a key typed against the suggestion: the prompt is the one before, with the
+                                  output up to the key) takes its first token from that row, with no forward
             decode step           draft = trie of the sources' continuations of context + root
                                   tree  = root + the nodes worth their verification cost
                                   logits = verifier.forward(tree)     one forward, tree attention mask
@@ -57,6 +60,12 @@ SAVE_BIG_TOKENS = 256
 # the prompt path (not row-invariant, cheaper per token), then steps. A key typed leaves a few tokens (16 a key
 # in bench_typing's human rhythm, a median of fewer), where a forward of 32 rows costs little more than one.
 FIRST_STEP_TOKENS = 32
+# The rows kept of each run's first KEPT_ROWS output positions (an argmax and an exact scorer each: 0.6 MB for a
+# 152k vocabulary), 2 * KEPT_ROWS in all: a key typed against a suggestion within its first KEPT_ROWS tokens has
+# its first token picked from the row the suggestion's run computed there, the forced text's pick included. A
+# run keeps decoding past what was shown (to the block's end, then a prediction as if it were accepted), so
+# "the last positions" would hold rows nobody types against.
+KEPT_ROWS = 32
 
 
 @dataclass
@@ -193,6 +202,9 @@ class Engine:
         self._cached_key: str | None = None
         self._logits: torch.Tensor | None = None  # [V] after the last cached token, when a prefill computed it
         self._scorer = None  # exact logits of given ids after the last cached token (with _logits)
+        # position p of the cache -> (argmax, exact scorer) of the row after token p, as the forward that computed
+        # it gave it (a prefill's last row, a step's path; see KEPT_ROWS; valid while tokens[:p + 1] are cached)
+        self._rows: dict[int, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
         self._observing: Run | None = None  # the run whose output the drafter's sources are following
         self._vocab: VocabIndex | None = None
         self._lock = threading.RLock()
@@ -262,15 +274,21 @@ class Engine:
             self.cost_model()  # calibrate before the cache holds anything worth keeping
         n = self._activate(run.prompt, run.key)
         whole = n == len(run.prompt) and self._logits is not None  # a warm-up computed this very prompt
+        known = self._rows.get(n - 1) if n == len(run.prompt) and not whole and run.config.temperature <= 0 \
+            else None  # an earlier step computed this prompt's last row (a key typed against its output)
         if run.forwards == 0:  # the last token is computed again unless its logits were kept
-            run.result.reused_tokens = n if whole else min(n, len(run.prompt) - 1)
-        if not whole and self._first_step_fits(run, n):
-            return self._first_step(run, n, t0)
-        logits = self._logits if whole else self._fill(run.prompt, n, run)
+            run.result.reused_tokens = n if whole or known else min(n, len(run.prompt) - 1)
+        if known:
+            first = self._pick_known(*known, run)
+        else:
+            if not whole and self._first_step_fits(run, n):
+                return self._first_step(run, n, t0)
+            logits = self._logits if whole else self._fill(run.prompt, n, run)
+            if logits is None:
+                run.result.prefill_s += time.perf_counter() - t0
+                return []
+            first = self._pick(logits, self._scorer, run)  # [V] -> the first new token, pending
         run.result.prefill_s += time.perf_counter() - t0
-        if logits is None:
-            return []
-        first = self._pick(logits, self._scorer, run)  # [V] -> the first new token, pending
         run.out = [first]
         self._spell(run, [first])
         run.result.steps, run.result.accepted = 1, [1]
@@ -329,6 +347,7 @@ class Engine:
         last = path[-1]
         self._cached, self._logits, self._scorer = prompt + run.out[:-1], logits[last].clone(), \
             self.verifier.row_scorer(last)
+        self._keep_rows(run, len(prompt) - 1, logits, path)
         res = run.result
         res.steps, res.accepted = 1, [len(path)]
         _credit_sources(res, tree, path)
@@ -382,6 +401,7 @@ class Engine:
         run.out += new
         run.forwards += 1
         self._cached, self._logits, self._scorer = run.prompt + run.out[:-1], None, None
+        self._keep_rows(run, len(context), logits, path)
         self._record(run.result, tree, path, (t2 - t1) * 1000, (t3 - t2) * 1000)
         self.drafter.record(tree, path)
         self.drafter.observe_forward(tree, logits)
@@ -422,6 +442,7 @@ class Engine:
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)
+        self._rows[hi - 1] = (int(out[-1].argmax()), self._scorer)
         return self._logits if hi == len(tokens) else None
 
     def _activate(self, tokens: Sequence[int], key: str | None) -> int:
@@ -435,6 +456,7 @@ class Engine:
                 entry, n = found
                 self.verifier.import_state(entry.state)
                 self._cached, self._logits, self._scorer = [int(t) for t in entry.tokens], entry.logits, entry.scorer
+                self._rows = {}
             elif lost > SAVE_BIG_TOKENS or (lost > SAVE_MIN_TOKENS and key != self._cached_key):
                 self._save_active()  # about to be cut back for another document or place: keep a copy
         self._cached_key = key
@@ -450,11 +472,21 @@ class Engine:
             self.verifier.truncate(n)
             self._cached = self._cached[:n]
             self._logits = self._scorer = None
+            self._rows = {p: r for p, r in self._rows.items() if p < n}
+
+    def _keep_rows(self, run: Run, base: int, logits: torch.Tensor, path: list[int]) -> None:
+        """Keep the rows of the accepted path (node path[i] is cache position base + i) within the run's first
+        KEPT_ROWS output positions, for a later run whose prompt ends there; the lowest positions go first."""
+        end = min(base + len(path), len(run.prompt) - 1 + KEPT_ROWS)
+        for i in range(end - base):
+            self._rows[base + i] = (int(logits[path[i]].argmax()), self.verifier.row_scorer(path[i]))
+        if len(self._rows) > 2 * KEPT_ROWS:
+            self._rows = dict(sorted(self._rows.items())[-2 * KEPT_ROWS:])
 
     def reset_cache(self) -> None:
         """Forget every KV state (the next prompt is computed from its start)."""
         with self._lock:
-            self._cached, self._logits, self._scorer = [], None, None
+            self._cached, self._logits, self._scorer, self._rows = [], None, None, {}
             self.pool.clear()
             try:
                 self.verifier.truncate(0)
@@ -525,6 +557,15 @@ class Engine:
         probs = sampling_probs(logits, cfg.temperature, cfg.top_p)
         return int(torch.multinomial(probs.double(), 1, generator=run.rng))
 
+    def _pick_known(self, argmax: int, scorer, run: Run) -> int:
+        """`_pick` for greedy runs from a kept row: its argmax, or the best agreeing token by exact scores."""
+        if run.forced:
+            ids = self.vocab.agreeing(run.forced)
+            if len(ids):
+                return int(ids[int(scorer(ids).argmax())])
+            run.forced = ""
+        return argmax
+
     def _spell(self, run: Run, tokens: list[int]) -> None:
         for t in tokens:
             if not run.forced:
@@ -562,7 +603,7 @@ class Engine:
         key = cost_key(self.name, self.precision, str(self.verifier_device), self.verifier)
         self._save_active()
         self.cost = load_or_measure(self.verifier, self.vocab_size, key, force=force, **measure_kw)
-        self._cached, self._logits, self._scorer = [], None, None  # measuring used the cache
+        self._cached, self._logits, self._scorer, self._rows = [], None, None, {}  # measuring used the cache
         self.verifier.truncate(0)
         return self.cost
 

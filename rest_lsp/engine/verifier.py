@@ -49,7 +49,8 @@ class Verifier(Protocol):
     def row_scorer(self, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """For row `row` of the last forward's returned logits: a function from token ids [n] to their exact
         logits [n], valid after later forwards too (a verifier may return approximate values for tokens that
-        cannot be the argmax: rest_lsp/model/screened.py)."""
+        cannot be the argmax: rest_lsp/model/screened.py). It holds what it needs of that row only, not the
+        forward's whole output: the engine keeps scorers of many positions (generate.py `KEPT_ROWS`)."""
         ...
 
     def truncate(self, n: int) -> None:
@@ -172,7 +173,7 @@ class HFVerifier:
         return self._last_logits
 
     def row_scorer(self, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        logits = self._last_logits[row]
+        logits = self._last_logits[row].clone()  # its own copy: a view would keep the whole [q, V] alive
         return lambda ids: logits[ids.to(logits.device)]
 
     @torch.inference_mode()

@@ -345,9 +345,9 @@ class FastVerifier(SlotCache):
         if isinstance(head, ScreenedHead) and self._last_hidden is not None:
             # the screened values are bf16 approximations off the argmax: recompute these exactly, as the
             # screen does for its candidates
-            x = self._last_hidden[row].float()[None]  # [1, D]
+            x = self._last_hidden[row].float()[None].clone()  # [1, D]
             return lambda ids: (x * head.weight[ids]).sum(-1)
-        logits = self._last_logits[row]
+        logits = self._last_logits[row].clone()  # a copy, not a view of the whole [q, V] (see Verifier)
         return lambda ids: logits[ids]
 
     # ------------------------------------------------------------------ compiled buckets

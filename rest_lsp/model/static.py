@@ -208,5 +208,5 @@ class StaticVerifier(SlotCache):
         return self._last_logits
 
     def row_scorer(self, row: int):
-        logits = self._last_logits[row]  # exact: this verifier returns full logits
+        logits = self._last_logits[row].clone()  # exact: this verifier returns full logits (a copy: see Verifier)
         return lambda ids: logits[ids.to(logits.device)]

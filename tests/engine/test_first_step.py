@@ -65,8 +65,8 @@ def test_a_whole_prompt_cached_without_its_logits_computes_its_last_token_with_t
     model = tiny_model(kind, 7)
     prompt = random_prompt(27, 50)
     ref = plain_greedy(model, prompt, N)
-    engine, rec = warmed(model, [(ScriptedSource(prompt + ref), 1.0)], prompt)
-    engine._logits = None  # as after a decoding step that ended exactly at this prompt
+    # the cache holds the prompt inside a longer text a prefill computed: no row of the prompt's last token
+    engine, rec = warmed(model, [(ScriptedSource(prompt + ref), 1.0)], prompt + random_prompt(28, 20))
     run = engine.start(prompt, GenerationConfig(max_new_tokens=N, draft_budget=5))
     first = engine.advance(run)
     assert rec.calls == [(len(first), False)] and len(first) == 6 and first == ref[:6]

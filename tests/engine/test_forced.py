@@ -48,9 +48,10 @@ def test_forced_text_is_exact_with_drafts(lm, forced):
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=forced))
     assert res.tokens == ref
     assert res.text.startswith(forced)
-    # the same engine again, the prompt's KV and last logits kept from the first call: the same tokens
+    # the same engine again, the prompt's KV and its last row kept from the first call: no forward before the
+    # first token, the same tokens
     res = engine.generate(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=forced))
-    assert res.tokens == ref and res.reused_tokens == len(prompt) - 1
+    assert res.tokens == ref and res.reused_tokens == len(prompt)
 
 
 def test_forced_text_after_a_warm_up_uses_the_kept_logits_exactly(lm):
@@ -120,3 +121,40 @@ def test_agreeing_ids_are_the_tokens_that_start_or_begin_the_text_asked_twice(lm
     first, again = vocab.agreeing(text), vocab.agreeing(text)  # short texts are kept from the first time
     assert first.tolist() == want and again.tolist() == want
     assert first.dtype == torch.long
+
+
+@pytest.mark.parametrize("verifier", ["hf", "packed", "screened"])
+@pytest.mark.parametrize("typed", [0, 3])
+def test_a_key_typed_against_the_output_takes_its_first_token_from_the_kept_row(lm, verifier, typed):
+    """A person types a character the suggestion did not have. In the line layout the new prompt is the old one
+    and the output up to the word being typed, and the forced text the word with the key: the run that made the
+    suggestion computed that prompt's last row. The first token, the constrained pick among the tokens agreeing
+    with the new word, comes from that row with no forward; the output is the constrained greedy one."""
+    from rest_lsp.model.ops import UnsupportedModel
+    from rest_lsp.model.verifiers import make_verifier
+
+    def make():
+        return None if verifier == "hf" else make_verifier(lm, verifier, max_len=512)
+
+    try:
+        make()
+    except UnsupportedModel:  # screened on an AVX2-only CPU (tested above)
+        pytest.skip("no bf16 packing on this CPU")
+    prompt = lm.build_prompt("import json\n\n\ndef load(path):\n    with open(path) as f:\n", "\n")
+    engine = Engine(lm, [(ContextSource(), 1.0)], eos_token_ids=[], verifier=make())
+    # the suggestion's run decodes on past what a person reads (KEPT_ROWS is about its first positions)
+    shown = engine.generate(prompt, GenerationConfig(max_new_tokens=3 * N, draft_budget=4, forced_text=" "))
+    kept = prompt + shown.tokens[:typed]  # the output typed through, up to the word being typed
+    after = lm.tokenizer.decode(shown.tokens[typed:])
+    key = next(c for c in "zqxjkv" if not after.startswith(after[:1] + c))  # not what the output had
+    forced = (" " if typed == 0 else "") + after[:1].strip() + key
+    ref = reference(lm, kept, forced, N)
+    run = engine.start(kept, GenerationConfig(max_new_tokens=N, draft_budget=4, forced_text=forced))
+    first = engine.advance(run)
+    assert (run.forwards, run.result.reused_tokens, first) == (0, len(kept), ref[:1])
+    while not run.done:
+        engine.advance(run)
+    assert run.result.tokens == ref and run.result.text.startswith(forced)
+    # an independent engine, plain decoding from an empty cache: the same tokens
+    plain = Engine(lm, eos_token_ids=[], verifier=make())
+    assert plain.generate(kept, GenerationConfig(max_new_tokens=N, draft_budget=0, forced_text=forced)).tokens == ref
