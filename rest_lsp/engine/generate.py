@@ -278,17 +278,18 @@ class Engine:
             else None  # an earlier step computed this prompt's last row (a key typed against its output)
         if run.forwards == 0:  # the last token is computed again unless its logits were kept
             run.result.reused_tokens = n if whole or known else min(n, len(run.prompt) - 1)
-        if known:
-            first = self._pick_known(*known, run)
-        else:
-            if not whole and self._first_step_fits(run, n):
-                return self._first_step(run, n, t0)
-            logits = self._logits if whole else self._fill(run.prompt, n, run)
-            if logits is None:
-                run.result.prefill_s += time.perf_counter() - t0
-                return []
-            first = self._pick(logits, self._scorer, run)  # [V] -> the first new token, pending
+        if not (whole or known) and self._first_step_fits(run, n):
+            return self._first_step(run, n, t0)
+        logits = None if known else self._logits if whole else self._fill(run.prompt, n, run)
         run.result.prefill_s += time.perf_counter() - t0
+        if known:  # the kept row's argmax, or its pick among the tokens agreeing with the forced text
+            argmax, scorer = known
+            agreeing = self._pick_agreeing(scorer, run)
+            first = argmax if agreeing is None else agreeing
+        elif logits is None:
+            return []
+        else:
+            first = self._pick(logits, self._scorer, run)  # [V] -> the first new token, pending
         run.out = [first]
         self._spell(run, [first])
         run.result.steps, run.result.accepted = 1, [1]
@@ -543,28 +544,30 @@ class Engine:
         """The next token from one row of logits [V] (only tokens that agree with what is left of the forced
         text, while some is: scored exactly by `scorer`, a Verifier.row_scorer)."""
         cfg = run.config
-        if run.forced:
-            ids = self.vocab.agreeing(run.forced)
-            if len(ids):
-                scores = scorer(ids)  # exact logits of the agreeing tokens
-                if cfg.temperature <= 0:
-                    return int(ids[int(scores.argmax())])
-                probs = sampling_probs(scores, cfg.temperature, cfg.top_p)
-                return int(ids[int(torch.multinomial(probs.double(), 1, generator=run.rng))])
-            run.forced = ""  # no token agrees: the output will not start with the text (the caller sees it)
+        agreeing = self._pick_agreeing(scorer, run)
+        if agreeing is not None:
+            return agreeing
         if cfg.temperature <= 0:
             return int(logits.argmax())
         probs = sampling_probs(logits, cfg.temperature, cfg.top_p)
         return int(torch.multinomial(probs.double(), 1, generator=run.rng))
 
-    def _pick_known(self, argmax: int, scorer, run: Run) -> int:
-        """`_pick` for greedy runs from a kept row: its argmax, or the best agreeing token by exact scores."""
-        if run.forced:
-            ids = self.vocab.agreeing(run.forced)
-            if len(ids):
-                return int(ids[int(scorer(ids).argmax())])
+    def _pick_agreeing(self, scorer, run: Run) -> int | None:
+        """While some of the forced text is left, the pick among the tokens that agree with it (their exact
+        logits from `scorer`); None when none is left, or when no token agrees (the forced text is then dropped:
+        the output will not start with it, and the caller sees that)."""
+        if not run.forced:
+            return None
+        ids = self.vocab.agreeing(run.forced)
+        if not len(ids):
             run.forced = ""
-        return argmax
+            return None
+        scores = scorer(ids)
+        cfg = run.config
+        if cfg.temperature <= 0:
+            return int(ids[int(scores.argmax())])
+        probs = sampling_probs(scores, cfg.temperature, cfg.top_p)
+        return int(ids[int(torch.multinomial(probs.double(), 1, generator=run.rng))])
 
     def _spell(self, run: Run, tokens: list[int]) -> None:
         for t in tokens:
