@@ -42,7 +42,7 @@ from .kvpool import KVPool, common_prefix
 from .sources import DraftSource
 from .stops import StopChecker
 from .tree import DraftTree, accept_greedy, accept_sampled, sampling_probs
-from .verifier import HFVerifier, Verifier, chain_mask
+from .verifier import HFVerifier, Interrupted, Verifier, chain_mask
 from .vocab import VocabIndex
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class Run:
     done: bool = False
     forwards: int = 0  # model forwards spent on this run (prefill chunks included)
     computed: int = 0  # prompt tokens its prefill forwards computed (the rest came from earlier work)
+    interrupted: int = 0  # forwards stopped between layers (`advance`'s interrupt): no tokens, nothing kept
 
     _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     _n_ids: int = 0
@@ -206,6 +207,7 @@ class Engine:
         # it gave it (a prefill's last row, a step's path; see KEPT_ROWS; valid while tokens[:p + 1] are cached)
         self._rows: dict[int, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
         self._observing: Run | None = None  # the run whose output the drafter's sources are following
+        self._interrupt: Callable[[], bool] | None = None  # `advance`'s, for its step's forward
         self._vocab: VocabIndex | None = None
         self._lock = threading.RLock()
 
@@ -225,14 +227,15 @@ class Engine:
         key: str | None = None,
     ) -> GenerationResult:
         """Run one generation to its end. should_stop is polled between forwards (prefill chunks and decoding
-        steps): the result then holds what was decided, with stop_reason "cancelled"."""
+        steps) and between a forward's layers where the verifier can stop there: the result then holds what was
+        decided, with stop_reason "cancelled"."""
         run = self.start(prompt_ids, config, key=key)
         self.advance(run)
         while not run.done:
             if should_stop is not None and should_stop():
                 self.stop(run, "cancelled")
                 break
-            self.advance(run)
+            self.advance(run, interrupt=should_stop)
         return run.result
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig, *, key: str | None = None,
@@ -248,17 +251,37 @@ class Engine:
         return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk),
                    forced=config.forced_text)
 
-    def advance(self, run: Run) -> list[int]:
+    def advance(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
-        not the prompt's last, or for recomputing the run's context after another prompt took the cache)."""
+        not the prompt's last, or for recomputing the run's context after another prompt took the cache).
+        `interrupt` (the run's job was stopped: a key made it moot) is polled between the verifier's layers,
+        where it can be (verifier.py `Interrupted`): True ends the forward there and returns no tokens, the run
+        and the cache as before the forward (the same step runs again if the run is advanced again)."""
         with self._lock:
             if run.done:
                 return []
+            self._interrupt = interrupt
             try:
                 return self._decode_step(run) if run.prefilled else self._prefill_step(run)
+            except Interrupted:  # raised inside the step's forward, before anything of the step was kept
+                run.interrupted += 1
+                return []
             except BaseException:
-                self.reset_cache()  # an interrupted forward leaves the cache in an unknown state
+                self.reset_cache()  # a forward that failed midway leaves the cache in an unknown state
                 raise
+            finally:
+                self._interrupt = None
+
+    def _forward(self, *args, **kwargs) -> torch.Tensor:
+        """The step's verifier forward, interruptible between layers by `advance`'s interrupt where the
+        verifier can be (never a cost measurement's forwards, which leave the cache their own way)."""
+        if self._interrupt is None or not hasattr(self.verifier, "interrupt"):
+            return self.verifier.forward(*args, **kwargs)
+        self.verifier.interrupt = self._interrupt
+        try:
+            return self.verifier.forward(*args, **kwargs)
+        finally:
+            self.verifier.interrupt = None
 
     def stop(self, run: Run, reason: str = "cancelled") -> None:
         """End a run now: its result holds what was decided so far."""
@@ -334,9 +357,9 @@ class Engine:
         mask[:k, :k] = chain_mask(k, device)  # the chain's rows see what precedes them
         mask[k:, :k] = True  # the tree's rows the whole chain, then their ancestors
         mask[k:, k:] = tree_mask
-        logits = self.verifier.forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
-                                       torch.cat([torch.arange(k, device=device), depths + k]), mask,
-                                       rows=range(k, q))  # [len(tree), V]: the tree's rows
+        logits = self._forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
+                               torch.cat([torch.arange(k, device=device), depths + k]), mask,
+                               rows=range(k, q))  # [len(tree), V]: the tree's rows
         path, nxt = self._walk(tree, logits, run)
         self.verifier.keep(list(range(k)) + [k + i for i in path])
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
@@ -394,7 +417,7 @@ class Engine:
         cost = self.cost_model() if budget is None and self.drafter else None
         tree = self.drafter.draft(run.ids(), budget, cost)  # context + the pending token
         t2 = time.perf_counter()
-        logits = self.verifier.forward(*tree.tensors(self.verifier_device))  # [q, V]
+        logits = self._forward(*tree.tensors(self.verifier_device))  # [q, V]
         path, nxt = self._walk(tree, logits, run)  # (while a forced text is left, the tree is its root alone)
         self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
         t3 = time.perf_counter()
@@ -437,9 +460,9 @@ class Engine:
         hi = min(len(tokens), n + run.chunk)
         q = hi - n
         device = self.verifier_device
-        out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
-                                    torch.arange(q, device=device), chain_mask(q, device),
-                                    rows=[q - 1], prompt=True)  # only the last row's logits are used
+        out = self._forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
+                            torch.arange(q, device=device), chain_mask(q, device),
+                            rows=[q - 1], prompt=True)  # only the last row's logits are used
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)

@@ -21,9 +21,19 @@ class KVState:
     data: Any
 
 
+class Interrupted(Exception):
+    """A forward stopped between two layers because its `interrupt` said so: the cache holds exactly what it held
+    before that forward (nothing of the forward is kept), so the same step can run again or the run can end."""
+
+
 @runtime_checkable
 class Verifier(Protocol):
-    """Owns the KV cache of one sequence; the engine never touches cache internals."""
+    """Owns the KV cache of one sequence; the engine never touches cache internals.
+
+    A verifier may also have an attribute `interrupt` (Callable[[], bool] | None, set by the engine around one
+    forward): polled between layers, True raises `Interrupted`. A key that makes the running step moot (the
+    prediction it extends is stale) then waits for one layer, not for the rest of the step (on a 2-core CPU a
+    1.5B model's step is 80-90 ms). A verifier without it runs each forward to its end."""
 
     past_len: int  # tokens held in the cache
 

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.verifier import SlotCache
+from rest_lsp.engine.verifier import Interrupted, SlotCache
 
 from .attention import tree_attention
 from .int8row import Int8RowLinear
@@ -201,16 +201,20 @@ class StaticLM(torch.nn.Module):
         return torch.zeros(len(self.layers), 2, self.n_kv, self.max_len, self.head_dim, dtype=self.dtype)
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-               cache: torch.Tensor, exact_rows: bool = True) -> torch.Tensor:
+               cache: torch.Tensor, exact_rows: bool = True,
+               interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
         """tokens/positions/slots [q]; mask [q, span] bool (True = attend); cache [L, 2, nkv, max_len, hd],
         written at `slots` -> final hidden states [q, D]. exact_rows=False (a prompt chunk): attention in the
-        model's dtype even where it is not row-invariant."""
+        model's dtype even where it is not row-invariant. `interrupt` is polled before each layer: True raises
+        Interrupted (what was written at `slots` lies beyond the cache's length, never attended)."""
         q, span = mask.shape
         attention_dtype = self.attention_dtype if exact_rows else None
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(tokens, self.embed)  # [q, D]
         cos, sin = self.cos[positions], self.sin[positions]  # [q, hd]
         for i, layer in enumerate(self.layers):
+            if interrupt is not None and interrupt():
+                raise Interrupted(f"stopped before layer {i}")
             qkv = layer.qkv(layer.in_norm(x))  # [q, (nh + 2 nkv) hd]
             qh = qkv[:, : nh * hd].view(q, nh, hd)  # [q, nh, hd]
             kh = qkv[:, nh * hd : (nh + nkv) * hd].view(q, nkv, hd)  # [q, nkv, hd]
@@ -273,6 +277,7 @@ class FastVerifier(SlotCache):
         self.past_len = 0
         self._last_q = 0
         self.compiled = compiled
+        self.interrupt: Callable[[], bool] | None = None  # polled between layers (engine/verifier.py Interrupted)
         self.buckets = tuple(sorted(buckets)) if compiled else ()
         self.compile_seconds: dict[int, float] = {}
         self._compiled_fns: dict[int, Any] = {}
@@ -301,9 +306,12 @@ class FastVerifier(SlotCache):
             slots = torch.arange(past, past + q)
             mask = torch.ones(q, past + q, dtype=torch.bool)
             mask[:, past:] = tree_mask
-            h = self.lm.hidden(tokens, positions, slots, mask, self.cache, exact_rows=not prompt)  # [q, D]
+            h = self.lm.hidden(tokens, positions, slots, mask, self.cache, exact_rows=not prompt,
+                               interrupt=self.interrupt)  # [q, D]
             if rows is not None:
                 h = h[torch.as_tensor(list(rows), dtype=torch.long)]
+            if self.interrupt is not None and self.interrupt():  # the head costs a few layers (151,936 rows)
+                raise Interrupted("stopped before the output projection")
             logits = self.lm.head(h).float()
             self._last_hidden = h
         self.past_len = past + q

@@ -12,7 +12,7 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from rest_lsp.filenames import safe_filename
 from rest_lsp.model.prompts import RepoContext
@@ -233,8 +233,8 @@ class EngineBackend:
             self.snippets.drop_buffer(key)
         self._snippet_texts.clear()
 
-    def advance(self, run: CompletionRun) -> None:
-        self.engine.advance(run.run)
+    def advance(self, run: CompletionRun, interrupt: Callable[[], bool] | None = None) -> None:
+        self.engine.advance(run.run, interrupt)
 
     def stop(self, run: CompletionRun, reason: str) -> None:
         if not run.done:
@@ -303,7 +303,7 @@ class EngineBackend:
                 "draft_nodes": sum(r.draft_sizes),
                 "stop_reason": r.stop_reason if run.done else None, "prompt_tokens": r.prompt_tokens,
                 "reused_tokens": r.reused_tokens, "computed_tokens": run.computed, "forwards": run.forwards,
-                "accepted_sources": dict(r.accepted_sources)}
+                "interrupted_forwards": run.interrupted, "accepted_sources": dict(r.accepted_sources)}
 
     def limits(self) -> ModelLimits:
         context = self.engine.max_positions or self.loaded.context_length

@@ -34,6 +34,7 @@ class Stats:
             "prefill_ms": 0.0,
             "prompt_tokens": 0, "reused_prompt_tokens": 0, "computed_prompt_tokens": 0, "accepted_sources": {},
             "wasted_tokens": 0, "wasted_steps": 0,  # decoded by runs stopped before anything was shown
+            "interrupted_forwards": 0,  # steps a key made moot, stopped between layers (engine `advance`)
         }
         self._next_id = 0
         self.request_log: Path | None = None
@@ -80,6 +81,7 @@ class Stats:
             for k in ("tokens", "steps", "draft_nodes", "retrieval_ms", "forward_ms", "prefill_ms", "prompt_tokens"):
                 t[k] += figures.get(k) or 0
             t["reused_prompt_tokens"] += figures.get("reused_tokens") or 0
+            t["interrupted_forwards"] += figures.get("interrupted_forwards") or 0
             # what the run's prefill forwards computed: less than prompt - reused when it stopped mid-prompt
             t["computed_prompt_tokens"] += figures.get("computed_tokens") or 0
             for name, n in (figures.get("accepted_sources") or {}).items():

@@ -145,6 +145,40 @@ def test_a_stopped_run_returns_what_it_decided():
     assert engine.advance(run) == []
 
 
+def test_an_interrupted_step_leaves_the_run_and_the_cache_and_runs_again_exactly():
+    """Every forward of a run (prefill chunks, the first step, decoding steps with drafts) interrupted once
+    between layers (a key made it moot; engine `advance`'s interrupt): it decides nothing and keeps nothing,
+    the cache keeps what it held, and the same step run again gives plain greedy decoding's tokens."""
+    from rest_lsp.model.verifiers import make_verifier
+
+    model = tiny_model("qwen2", 7)
+    prompt = random_prompt(71, 72)
+    ref = plain_greedy(model, prompt, N)
+    # drafts right for 4 tokens, then wrong: trees accepted in part
+    engine = Engine(model, [(ScriptedSource(prompt + ref, corrupt_at=4), 1.0)],
+                    verifier=make_verifier(model, "packed", max_len=512), eos_token_ids=[])
+    run = engine.start(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4), chunk=16)
+    steps, kinds = 0, set()
+    while not run.done:
+        polls = []
+        out, cached = list(run.out), engine.cached_tokens
+
+        def interrupt() -> bool:  # true at the 1st, 2nd or 3rd poll: before a layer or before the head
+            polls.append(1)
+            return len(polls) > steps % 3
+
+        assert engine.advance(run, interrupt=interrupt) == []
+        assert run.out == out and run.interrupted == steps + 1 and not run.done
+        assert cached - 1 <= engine.cached_tokens <= cached  # (a first step drops the last token to recompute it)
+        kinds.add("decode" if run.out else "prefill" if cached + 16 < len(prompt) else "first")
+        engine.advance(run)
+        steps += 1
+    assert kinds == {"prefill", "first", "decode"}
+    assert run.result.tokens == ref
+    assert run.forwards == steps  # the interrupted forwards are not counted as done
+    assert sum(run.result.accepted) > run.result.steps  # drafts were accepted: decoding steps with trees
+
+
 def test_a_runs_ids_follow_its_prompt_and_output():
     """`Run.ids` (what the drafter reads each step): prompt + out as int64, the buffer grown in place."""
     from rest_lsp.engine.generate import Run

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rest_lsp.engine.tree import DraftTree
-from rest_lsp.engine.verifier import HFVerifier, Verifier, chain_mask
+from rest_lsp.engine.verifier import HFVerifier, Interrupted, Verifier, chain_mask
 from rest_lsp.model.fast import FastVerifier
 from rest_lsp.model.ops import UnsupportedModel
 from rest_lsp.model.probes import bf16_packing_available, sdpa_row_invariant
@@ -281,6 +281,36 @@ def test_rows_limits_logits_to_the_requested_rows():
     one = prompt(5, 1)
     torch.testing.assert_close(a.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)),
                                b.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("polls", [1, 2, 4])  # before the first layer, between layers, before the head
+def test_an_interrupted_forward_leaves_the_cache_as_it_was(polls):
+    """`interrupt` polled between layers stops a forward there (a key made the step moot); the cache is what it
+    was before that forward, so the next forward's logits equal an uninterrupted verifier's."""
+    model = tiny(layers=3)
+    a, b = FastVerifier(model, max_len=64), FastVerifier(model, max_len=64)
+    x = prompt(6, 12)
+    for v in (a, b):
+        v.forward(x, torch.arange(12), chain_mask(12), rows=[11], prompt=True)
+    asked = []
+
+    def interrupt() -> bool:
+        asked.append(1)
+        return len(asked) >= polls
+
+    tree = prompt(7, 5)
+    a.interrupt = interrupt
+    with pytest.raises(Interrupted):
+        a.forward(tree, torch.arange(5), chain_mask(5))
+    assert len(asked) == polls and a.past_len == 12
+    a.interrupt = None
+    torch.testing.assert_close(a.forward(tree, torch.arange(5), chain_mask(5)),
+                               b.forward(tree, torch.arange(5), chain_mask(5)), atol=0, rtol=0)
+    assert a.past_len == b.past_len == 17
+    a.interrupt = lambda: False  # polled and never true: the forward runs whole, the same rows
+    one = prompt(8, 1)
+    torch.testing.assert_close(a.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)),
+                               b.forward(one, torch.zeros(1, dtype=torch.long), chain_mask(1)), atol=0, rtol=0)
 
 
 def test_bf16_speculation_emits_bf16_plain_greedy():

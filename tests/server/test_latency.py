@@ -38,6 +38,7 @@ class FakeBackend:
         self.respond, self.step_s, self.prefill_steps = respond, step_s, prefill_steps
         self.forwards: list[tuple[str, str]] = []
         self.starts: list[tuple[str, str]] = []
+        self.interrupted: list[tuple[str, str]] = []  # steps stopped midway by their interrupt
         self.lock = threading.Lock()
 
     def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None, repo=None):
@@ -46,8 +47,15 @@ class FakeBackend:
         text = self.respond(ctx) if purpose != "sample" else f"sampled {seed}"
         return FakeRun(key, text, purpose, self.prefill_steps, config.max_tokens)
 
-    def advance(self, run):
-        time.sleep(self.step_s)
+    def advance(self, run, interrupt=None):
+        """Honours `interrupt` as the engine does: polled during the step, true ends it with nothing done."""
+        end = time.monotonic() + self.step_s
+        while time.monotonic() < end:
+            if interrupt is not None and interrupt():
+                with self.lock:
+                    self.interrupted.append((run.purpose, run.key))
+                return
+            time.sleep(min(0.005, max(0.0, end - time.monotonic())))
         with self.lock:
             self.forwards.append((run.purpose, run.key))
         run.steps += 1
@@ -167,6 +175,30 @@ async def test_an_edit_that_contradicts_a_prediction_stops_it_and_warms_the_new_
         assert pred.done and pred.aborted == "stale" and len(pred.text) < 26
         # the new place: its prompt computed (and, typing, decoding on from there)
         assert ("typing" if typing else "warm", "x = Q") in backend.starts
+    finally:
+        svc.close()
+
+
+async def test_an_edit_that_makes_a_prediction_moot_ends_its_step_in_flight():
+    """A step far longer than the test: the contradicting key's prediction starts once the stale prediction's
+    step is interrupted (the engine stops a forward between layers), not after the step."""
+    backend = FakeBackend(respond=lambda ctx: "abcdefghijklmnopqrstuvwxyz", step_s=30.0)
+    svc = make_service(backend, max_tokens=100, predict_while_typing=True)
+    try:
+        first = asyncio.ensure_future(svc.complete(req("file:///a.py", "x = ")))
+        while not backend.starts:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # in its first step
+        first.cancel()
+        svc.document_changed("file:///a.py", "x = Q", 0, 5)  # not what the model said
+        for _ in range(500):
+            if ("typing", "x = Q") in backend.starts:
+                break
+            await asyncio.sleep(0.01)
+        assert ("typing", "x = Q") in backend.starts and backend.forwards == []  # no step ran to its end
+        assert backend.interrupted == [("predict", "file:///a.py")]
+        pred = next(p for p in svc.predictions.of("file:///a.py") if p.prefix == "x = ")
+        assert pred.done and pred.aborted == "stale" and pred.text == ""
     finally:
         svc.close()
 
