@@ -254,9 +254,12 @@ class Engine:
     def advance(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
         not the prompt's last, or for recomputing the run's context after another prompt took the cache).
-        `interrupt` (the run's job was stopped: a key made it moot) is polled between the verifier's layers,
-        where it can be (verifier.py `Interrupted`): True ends the forward there and returns no tokens, the run
-        and the cache as before the forward (the same step runs again if the run is advanced again)."""
+        `interrupt` (the run's job was stopped: a key made it moot) is polled between the layers of a decoding
+        step's forward, where the verifier can be (verifier.py `Interrupted`): True ends the forward there and
+        returns no tokens, the run and the cache as before it (the same step runs again if the run is advanced
+        again). A prompt's forwards (prefill chunks, the first step) run to their end: the next key's prompt
+        extends this one, so what they compute (its KV, the kept row of its last token) is what it needs; a
+        decoding step computes the stale output past the place the key contradicts, which it does not."""
         with self._lock:
             if run.done:
                 return []
@@ -273,8 +276,8 @@ class Engine:
                 self._interrupt = None
 
     def _forward(self, *args, **kwargs) -> torch.Tensor:
-        """The step's verifier forward, interruptible between layers by `advance`'s interrupt where the
-        verifier can be (never a cost measurement's forwards, which leave the cache their own way)."""
+        """A decoding step's verifier forward, interruptible between layers by `advance`'s interrupt where the
+        verifier can be."""
         if self._interrupt is None or not hasattr(self.verifier, "interrupt"):
             return self.verifier.forward(*args, **kwargs)
         self.verifier.interrupt = self._interrupt
@@ -357,9 +360,9 @@ class Engine:
         mask[:k, :k] = chain_mask(k, device)  # the chain's rows see what precedes them
         mask[k:, :k] = True  # the tree's rows the whole chain, then their ancestors
         mask[k:, k:] = tree_mask
-        logits = self._forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
-                               torch.cat([torch.arange(k, device=device), depths + k]), mask,
-                               rows=range(k, q))  # [len(tree), V]: the tree's rows
+        logits = self.verifier.forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
+                                       torch.cat([torch.arange(k, device=device), depths + k]), mask,
+                                       rows=range(k, q))  # [len(tree), V]: the tree's rows
         path, nxt = self._walk(tree, logits, run)
         self.verifier.keep(list(range(k)) + [k + i for i in path])
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
@@ -460,9 +463,9 @@ class Engine:
         hi = min(len(tokens), n + run.chunk)
         q = hi - n
         device = self.verifier_device
-        out = self._forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
-                            torch.arange(q, device=device), chain_mask(q, device),
-                            rows=[q - 1], prompt=True)  # only the last row's logits are used
+        out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
+                                    torch.arange(q, device=device), chain_mask(q, device),
+                                    rows=[q - 1], prompt=True)  # only the last row's logits are used
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)

@@ -145,37 +145,41 @@ def test_a_stopped_run_returns_what_it_decided():
     assert engine.advance(run) == []
 
 
-def test_an_interrupted_step_leaves_the_run_and_the_cache_and_runs_again_exactly():
-    """Every forward of a run (prefill chunks, the first step, decoding steps with drafts) interrupted once
-    between layers (a key made it moot; engine `advance`'s interrupt): it decides nothing and keeps nothing,
-    the cache keeps what it held, and the same step run again gives plain greedy decoding's tokens."""
+def test_an_interrupted_decoding_step_leaves_the_run_and_the_cache_and_runs_again_exactly():
+    """Every decoding step (a draft tree) interrupted once between layers (a key made it moot; engine `advance`'s
+    interrupt): it decides nothing and keeps nothing, the cache keeps what it held, and the same step run again
+    gives plain greedy decoding's tokens. A prompt's forwards (prefill chunks, the first step) are never
+    interrupted: the next key's prompt needs what they compute."""
     from rest_lsp.model.verifiers import make_verifier
 
     model = tiny_model("qwen2", 7)
     prompt = random_prompt(71, 72)
-    ref = plain_greedy(model, prompt, N)
+    ref = plain_greedy(model, prompt, 32)
     # drafts right for 4 tokens, then wrong: trees accepted in part
     engine = Engine(model, [(ScriptedSource(prompt + ref, corrupt_at=4), 1.0)],
                     verifier=make_verifier(model, "packed", max_len=512), eos_token_ids=[])
-    run = engine.start(prompt, GenerationConfig(max_new_tokens=N, draft_budget=4), chunk=16)
-    steps, kinds = 0, set()
+    run = engine.start(prompt, GenerationConfig(max_new_tokens=32, draft_budget=4), chunk=16)
+    prompt_forwards = decoding = 0
     while not run.done:
         polls = []
-        out, cached = list(run.out), engine.cached_tokens
+        out, cached, prefilled = list(run.out), engine.cached_tokens, run.prefilled
 
         def interrupt() -> bool:  # true at the 1st, 2nd or 3rd poll: before a layer or before the head
             polls.append(1)
-            return len(polls) > steps % 3
+            return len(polls) > decoding % 3
 
-        assert engine.advance(run, interrupt=interrupt) == []
-        assert run.out == out and run.interrupted == steps + 1 and not run.done
-        assert cached - 1 <= engine.cached_tokens <= cached  # (a first step drops the last token to recompute it)
-        kinds.add("decode" if run.out else "prefill" if cached + 16 < len(prompt) else "first")
+        decided = engine.advance(run, interrupt=interrupt)
+        if not prefilled:  # a prompt's forward: never polled, run whole
+            assert polls == [] and run.interrupted == decoding and engine.cached_tokens > cached
+            prompt_forwards += 1
+            continue
+        assert decided == [] and run.out == out and engine.cached_tokens == cached and not run.done
+        assert run.interrupted == decoding + 1 and len(polls) == decoding % 3 + 1
         engine.advance(run)
-        steps += 1
-    assert kinds == {"prefill", "first", "decode"}
+        decoding += 1
+    assert prompt_forwards == 5 and decoding >= 3  # 16 + 16 + 16 + 16, then the first step with the last 8
     assert run.result.tokens == ref
-    assert run.forwards == steps  # the interrupted forwards are not counted as done
+    assert run.forwards == prompt_forwards + decoding  # the interrupted forwards are not counted as done
     assert sum(run.result.accepted) > run.result.steps  # drafts were accepted: decoding steps with trees
 
 

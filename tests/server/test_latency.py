@@ -48,7 +48,8 @@ class FakeBackend:
         return FakeRun(key, text, purpose, self.prefill_steps, config.max_tokens)
 
     def advance(self, run, interrupt=None):
-        """Honours `interrupt` as the engine does: polled during the step, true ends it with nothing done."""
+        """Honours `interrupt` as the engine does in a decoding step: polled during the step, true ends it with
+        nothing done."""
         end = time.monotonic() + self.step_s
         while time.monotonic() < end:
             if interrupt is not None and interrupt():
