@@ -272,7 +272,8 @@ class Answering:
                 if v.prefilled_at is not None and automatic and cfg.predict_budget_ms:
                     at = max(start, v.prefilled_at) + cfg.predict_budget_ms / 1000
                     if now >= at and v.status == "ready":
-                        part = answer(v.rest, ctx, done=False, max_lines=cfg.max_lines, partial=True)
+                        part = answer(v.rest, ctx, done=False, max_lines=cfg.max_lines, partial=True,
+                                      whole_words=cfg.partial_words)
                         if part:
                             return part, "partial"
                     deadlines.append(at)

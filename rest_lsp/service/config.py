@@ -40,6 +40,8 @@ class ServerConfig:
                                         # words decided by then; 0: wait for the first line (or time_budget_ms)
                                         # (120 until 2026-12-04: a person's next key comes a median 64-78 ms
                                         # after the request; docs/results/typing.md)
+    partial_words: bool = True          # that partial answer ends at a whole word; false: every token decided,
+                                        # a word's start too (a 1.5B step decides one to three tokens)
     layout: str = "auto"                # prompt layout: auto | line | psm | spm (rest_lsp/service/layout.py)
     middle_lines: int = 16              # line layout: lines typed above the cursor kept in the prompt's middle,
                                         # so a new line needs no recomputation of the suffix; 0: the cursor line

@@ -142,14 +142,15 @@ def is_complete(rest: str, ctx: CompletionContext, max_lines: int) -> bool:
     return bool(stop) and any(ln.strip() == stop for ln in lines[1:-1])
 
 
-def answer(rest: str, ctx: CompletionContext, *, done: bool, max_lines: int, partial: bool) -> str | None:
+def answer(rest: str, ctx: CompletionContext, *, done: bool, max_lines: int, partial: bool,
+           whole_words: bool = True) -> str | None:
     """What to show now from `rest` (the output after the cursor), or None to wait for more: the shaped
-    text once it is complete (or the output ended); with `partial`, the whole words so far (complete lines,
-    and the words of the line being decoded)."""
+    text once it is complete (or the output ended); with `partial`, what is decided so far (complete lines,
+    and the words of the line being decoded: whole ones, or every token with whole_words=False)."""
     if done or is_complete(rest, ctx, max_lines):
         return shape_completion(rest, ctx, max_lines=max_lines, truncated=False)
     if partial:
-        return shape_completion(rest, ctx, max_lines=max_lines, truncated=True) or None
+        return shape_completion(rest, ctx, max_lines=max_lines, truncated=True, whole_words=whole_words) or None
     return None
 
 

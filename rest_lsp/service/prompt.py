@@ -173,7 +173,13 @@ def _whole_words(line: str) -> str:
     return m.group(0) if m else ""
 
 
-def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool) -> str:
+def _decided(line: str) -> str:
+    """`line` as decided so far, less a trailing character whose UTF-8 bytes are not all decoded yet."""
+    return line.rstrip("\ufffd")
+
+
+def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, truncated: bool,
+                     whole_words: bool = True) -> str:
     """Cut the model's text to what the editor should show.
 
     Single line: up to the first line break, without a trailing copy of the text after the cursor.
@@ -181,15 +187,17 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     is indented less than the block the cursor is in (its line's indentation; one more after a block opener).
     truncated (the time budget ran out mid-way): the line still being decoded is cut back to its last word
     boundary, on the first line as on a later one (a later one that has no word yet, or that is the start of
-    the code after the cursor, is left out).
+    the code after the cursor, is left out); with whole_words=False it keeps every token decided, a word's
+    start too (the model's greedy output goes on from there, so what is shown is never wrong).
     """
+    cut = _whole_words if whole_words else _decided
     bad = CONTROL.search(text)       # a control character (NUL, escape codes ...) is never code to insert
     if bad:
         text = text[: bad.start()]
     if not ctx.multiline or (truncated and "\n" not in text):
         text = text.split("\n", 1)[0]
         if truncated:
-            text = _whole_words(text)
+            text = cut(text)
         after = ctx.suffix.split("\n", 1)[0].strip()
         if after and text.rstrip().endswith(after):
             text = text.rstrip()[: -len(after)]
@@ -197,7 +205,7 @@ def shape_completion(text: str, ctx: CompletionContext, *, max_lines: int, trunc
     lines = text.split("\n")
     stop = ctx.stop_text()
     if truncated and len(lines) > 1:
-        last = _whole_words(lines[-1])        # the last line is incomplete: its words decided so far
+        last = cut(lines[-1])                 # the last line is incomplete: its words decided so far
         keep = last.strip() and not (stop and stop.startswith(last.strip()))
         lines[-1:] = [last.rstrip()] if keep else []
     end = block_end_cut("\n".join(lines), ctx.block_indent())

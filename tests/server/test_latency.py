@@ -381,6 +381,20 @@ async def test_predict_budget_shows_the_words_decided_so_far():
         svc.close()
 
 
+async def test_partial_words_off_shows_a_word_still_being_decoded():
+    """One character a step (the fake's token): with partialWords false the predict budget shows the start of
+    the first word, which whole words never can before the word ends."""
+    backend = FakeBackend(respond=lambda ctx: "configuration_value_of_the_parser = 1\n", step_s=0.02)
+    svc = make_service(backend, max_tokens=100, predict_budget_ms=100, time_budget_ms=3000, partial_words=False)
+    try:
+        r = await svc.complete(req("file:///p.py", "z = "))
+        text = r.items[0].text
+        assert r.record["answer"] == "partial" and 0 < len(text) < len("configuration_value_of_the_parser")
+        assert "configuration_value_of_the_parser".startswith(text)
+    finally:
+        svc.close()
+
+
 async def test_never_empty_for_want_of_time_once_a_visible_token_is_decided():
     backend = FakeBackend(respond=lambda ctx: "abcdefghijklmnopqrstuvwxyz" * 3, step_s=0.05)
     svc = make_service(backend, max_tokens=100, time_budget_ms=200)

@@ -63,6 +63,14 @@ def test_shaping():
     assert shape_completion("value_one + valu", build_context("x = ", 0, 4), max_lines=8, truncated=True) \
         == "value_one +"
     assert shape_completion("ok\x00\x01garbage", single, max_lines=8, truncated=False) == "ok"
+    # partialWords false: every token decided, a word's start too, less a character not wholly decoded
+    assert shape_completion("value_one + valu", build_context("x = ", 0, 4), max_lines=8, truncated=True,
+                            whole_words=False) == "value_one + valu"
+    assert shape_completion("x = 1\n    y = 2\n    zz", multi, max_lines=8, truncated=True, whole_words=False) == \
+        "x = 1\n    y = 2\n    zz"
+    assert shape_completion("name = \"caf\ufffd", single, max_lines=8, truncated=True, whole_words=False) == \
+        "name = \"caf"
+    assert shape_completion("x = 1\n    return 1", multi, max_lines=8, truncated=True, whole_words=False) == "x = 1"
 
 
 # ---- configuration ------------------------------------------------------------------------------
