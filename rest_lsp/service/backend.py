@@ -233,8 +233,9 @@ class EngineBackend:
             self.snippets.drop_buffer(key)
         self._snippet_texts.clear()
 
-    def advance(self, run: CompletionRun, interrupt: Callable[[], bool] | None = None) -> None:
-        self.engine.advance(run.run, interrupt)
+    def advance(self, run: CompletionRun, interrupt: Callable[[], bool] | None = None,
+                preempt: Callable[[], bool] | None = None) -> None:
+        self.engine.advance(run.run, interrupt, preempt)
 
     def stop(self, run: CompletionRun, reason: str) -> None:
         if not run.done:
