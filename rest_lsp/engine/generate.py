@@ -116,7 +116,7 @@ class Run:
     done: bool = False
     forwards: int = 0  # model forwards spent on this run (prefill chunks included)
     computed: int = 0  # prompt tokens its prefill forwards computed (the rest came from earlier work)
-    interrupted: int = 0  # forwards stopped between layers (`advance`'s interrupt or preempt): nothing kept
+    interrupted: int = 0  # forwards stopped between layers (`advance`'s interrupt): no tokens, nothing kept
 
     _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     _n_ids: int = 0
@@ -208,7 +208,6 @@ class Engine:
         self._rows: dict[int, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
         self._observing: Run | None = None  # the run whose output the drafter's sources are following
         self._interrupt: Callable[[], bool] | None = None  # `advance`'s, for its step's forward
-        self._preempt: Callable[[], bool] | None = None
         self._vocab: VocabIndex | None = None
         self._lock = threading.RLock()
 
@@ -252,23 +251,19 @@ class Engine:
         return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk),
                    forced=config.forced_text)
 
-    def advance(self, run: Run, interrupt: Callable[[], bool] | None = None,
-                preempt: Callable[[], bool] | None = None) -> list[int]:
+    def advance(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
         not the prompt's last, or for recomputing the run's context after another prompt took the cache).
-        Both callables are polled between the forward's layers where the verifier can be (verifier.py
-        `Interrupted`): True ends the forward there and returns no tokens, the run and the cache as before it,
-        so the same step runs again if the run is advanced again.
-        `interrupt` (the run's job was stopped: a key made it moot) ends decoding steps only. A prompt's forwards
-        (prefill chunks, the first step) run to their end: the next key's prompt extends this one, so what they
-        compute (its KV, the kept row of its last token) is what it needs; a decoding step computes the stale
-        output past the place the key contradicts, which the new prompt never holds.
-        `preempt` (more urgent work waits: a key's prediction behind a background block's prompt chunk) ends
-        any forward; the run goes on later with that forward again."""
+        `interrupt` (the run's job was stopped: a key made it moot) is polled between the layers of a decoding
+        step's forward, where the verifier can be (verifier.py `Interrupted`): True ends the forward there and
+        returns no tokens, the run and the cache as before it (the same step runs again if the run is advanced
+        again). A prompt's forwards (prefill chunks, the first step) run to their end: the next key's prompt
+        extends this one, so what they compute (its KV, the kept row of its last token) is what it needs; a
+        decoding step computes the stale output past the place the key contradicts, which it does not."""
         with self._lock:
             if run.done:
                 return []
-            self._interrupt, self._preempt = interrupt, preempt
+            self._interrupt = interrupt
             try:
                 return self._decode_step(run) if run.prefilled else self._prefill_step(run)
             except Interrupted:  # raised inside the step's forward, before anything of the step was kept
@@ -278,15 +273,14 @@ class Engine:
                 self.reset_cache()  # a forward that failed midway leaves the cache in an unknown state
                 raise
             finally:
-                self._interrupt = self._preempt = None
+                self._interrupt = None
 
-    def _forward(self, *args, decoding: bool = False, **kwargs) -> torch.Tensor:
-        """The step's verifier forward, interruptible between layers by `advance`'s preempt, and by its interrupt
-        in a decoding step, where the verifier can be."""
-        polls = [p for p in (self._preempt, self._interrupt if decoding else None) if p is not None]
-        if not polls or not hasattr(self.verifier, "interrupt"):
+    def _forward(self, *args, **kwargs) -> torch.Tensor:
+        """A decoding step's verifier forward, interruptible between layers by `advance`'s interrupt where the
+        verifier can be."""
+        if self._interrupt is None or not hasattr(self.verifier, "interrupt"):
             return self.verifier.forward(*args, **kwargs)
-        self.verifier.interrupt = polls[0] if len(polls) == 1 else (lambda: any(p() for p in polls))
+        self.verifier.interrupt = self._interrupt
         try:
             return self.verifier.forward(*args, **kwargs)
         finally:
@@ -366,9 +360,9 @@ class Engine:
         mask[:k, :k] = chain_mask(k, device)  # the chain's rows see what precedes them
         mask[k:, :k] = True  # the tree's rows the whole chain, then their ancestors
         mask[k:, k:] = tree_mask
-        logits = self._forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
-                               torch.cat([torch.arange(k, device=device), depths + k]), mask,
-                               rows=range(k, q))  # [len(tree), V]: the tree's rows
+        logits = self.verifier.forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
+                                       torch.cat([torch.arange(k, device=device), depths + k]), mask,
+                                       rows=range(k, q))  # [len(tree), V]: the tree's rows
         path, nxt = self._walk(tree, logits, run)
         self.verifier.keep(list(range(k)) + [k + i for i in path])
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
@@ -426,7 +420,7 @@ class Engine:
         cost = self.cost_model() if budget is None and self.drafter else None
         tree = self.drafter.draft(run.ids(), budget, cost)  # context + the pending token
         t2 = time.perf_counter()
-        logits = self._forward(*tree.tensors(self.verifier_device), decoding=True)  # [q, V]
+        logits = self._forward(*tree.tensors(self.verifier_device))  # [q, V]
         path, nxt = self._walk(tree, logits, run)  # (while a forced text is left, the tree is its root alone)
         self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
         t3 = time.perf_counter()
@@ -469,9 +463,9 @@ class Engine:
         hi = min(len(tokens), n + run.chunk)
         q = hi - n
         device = self.verifier_device
-        out = self._forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
-                            torch.arange(q, device=device), chain_mask(q, device),
-                            rows=[q - 1], prompt=True)  # only the last row's logits are used
+        out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
+                                    torch.arange(q, device=device), chain_mask(q, device),
+                                    rows=[q - 1], prompt=True)  # only the last row's logits are used
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)

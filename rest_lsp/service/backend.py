@@ -233,9 +233,8 @@ class EngineBackend:
             self.snippets.drop_buffer(key)
         self._snippet_texts.clear()
 
-    def advance(self, run: CompletionRun, interrupt: Callable[[], bool] | None = None,
-                preempt: Callable[[], bool] | None = None) -> None:
-        self.engine.advance(run.run, interrupt, preempt)
+    def advance(self, run: CompletionRun, interrupt: Callable[[], bool] | None = None) -> None:
+        self.engine.advance(run.run, interrupt)
 
     def stop(self, run: CompletionRun, reason: str) -> None:
         if not run.done:

@@ -59,10 +59,9 @@ class Backend(Protocol):
     # purpose: "predict" (greedy, drafts unless draft_budget is 0), "warm" (prompt only), "sample";
     # repo: the cross-file block the prompt starts with (rest_lsp/model/prompts.py RepoContext)
 
-    def advance(self, run: RunLike, interrupt: Callable[[], bool] | None = None,
-                preempt: Callable[[], bool] | None = None) -> None: ...
-    # polled during the step where the backend can stop midway, the run then as before the step (engine
-    # `advance`): interrupt (its job was stopped: a key made the step moot), preempt (more urgent work waits)
+    def advance(self, run: RunLike, interrupt: Callable[[], bool] | None = None) -> None: ...
+    # interrupt: polled during the step where the backend can stop midway (its job was stopped: a key made the
+    # step moot); the run is then as before the step
 
     def stop(self, run: RunLike, reason: str) -> None: ...
 

@@ -207,11 +207,10 @@ class RemoteBackend:
                          max_lines=lines, stop_text=ctx.stop_text() if lines > 1 else None,
                          stop_fn=partial(block_end_cut, block_indent=ctx.ahead_indent()) if lines > 1 else None)
 
-    def advance(self, run: RemoteRun, interrupt: Callable[[], bool] | None = None,
-                preempt: Callable[[], bool] | None = None) -> None:
+    def advance(self, run: RemoteRun, interrupt: Callable[[], bool] | None = None) -> None:
         """The stream is opened and read by a thread of the run's own (`_Reader`); a step takes what arrived
         and waits at most STEP_WAIT_S for more, so the worker stays free to stop the run or start another
-        (which is why `interrupt` and `preempt` are not needed here)."""
+        (which is why `interrupt` is not needed here)."""
         if run.done:
             return
         if run.reader is None:

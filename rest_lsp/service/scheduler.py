@@ -107,7 +107,7 @@ class Scheduler:
             run = backend.start(uri, ctx, cfg, purpose="warm", anchor=anchor, repo=repo)
             try:
                 while not run.done:
-                    backend.advance(run, preempt=self.worker.outranked)
+                    backend.advance(run)
                     yield
                 if then is not None:
                     then()
@@ -144,9 +144,9 @@ class Scheduler:
             aborted = "stopped"
             try:
                 while not run.done:
-                    # a key that makes this prediction moot stops its job: the decoding step in flight ends at
-                    # its next layer, so the key's own prediction waits a layer, not a step
-                    backend.advance(run, interrupt=lambda: pred.job.stopped, preempt=self.worker.outranked)
+                    # a key that makes this prediction moot stops its job: the step in flight ends at its next
+                    # layer, so the key's own prediction waits a layer, not a step
+                    backend.advance(run, interrupt=lambda: pred.job.stopped)
                     pred.publish(run.text, run.prefilled, backend.figures(run))
                     yield
                 aborted = None

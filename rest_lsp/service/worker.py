@@ -151,15 +151,6 @@ class InferenceWorker(Generic[B]):
         """Run fn(backend) on the worker (the one-shot CLI, debug requests) and wait for its result."""
         return self.submit(Job(f"__sync__{id(fn)}", fn, kind="sync")).future.result(timeout)
 
-    def outranked(self) -> bool:
-        """Whether a job more urgent than the one stepping now waits: a step's `preempt` (engine `advance`),
-        polled between its forward's layers on this worker's thread, so a key's prediction does not wait for a
-        background block's prompt chunk (64 tokens: a few hundred ms with the 1.5B on a 2-core CPU). Read
-        without the lock: a job submitted meanwhile is seen at the next poll."""
-        running = self._running
-        return running is not None and any(j.priority < running.priority and not j.stopped
-                                           for j in list(self._jobs) if j is not running)
-
     def jobs(self, key: str | None = None, kind: str | None = None) -> list[Job]:
         with self._cv:
             return [j for j in self._jobs if (key is None or j.key == key) and (kind is None or j.kind == kind)]

@@ -145,11 +145,11 @@ def test_a_stopped_run_returns_what_it_decided():
     assert engine.advance(run) == []
 
 
-def test_an_interrupted_or_preempted_step_leaves_the_run_and_the_cache_and_runs_again_exactly():
+def test_an_interrupted_decoding_step_leaves_the_run_and_the_cache_and_runs_again_exactly():
     """Every decoding step (a draft tree) interrupted once between layers (a key made it moot; engine `advance`'s
-    interrupt), every prompt forward (prefill chunks, the first step) preempted once (more urgent work waits):
-    it decides nothing and keeps nothing, the cache keeps what it held, and the same step run again gives plain
-    greedy decoding's tokens. `interrupt` never stops a prompt's forward: the next key's prompt needs it."""
+    interrupt): it decides nothing and keeps nothing, the cache keeps what it held, and the same step run again
+    gives plain greedy decoding's tokens. A prompt's forwards (prefill chunks, the first step) are never
+    interrupted: the next key's prompt needs what they compute."""
     from rest_lsp.model.verifiers import make_verifier
 
     model = tiny_model("qwen2", 7)
@@ -162,24 +162,21 @@ def test_an_interrupted_or_preempted_step_leaves_the_run_and_the_cache_and_runs_
     prompt_forwards = decoding = 0
     while not run.done:
         polls = []
-        out, cached = list(run.out), engine.cached_tokens
+        out, cached, prefilled = list(run.out), engine.cached_tokens, run.prefilled
 
-        def at_poll() -> bool:  # true at the 1st, 2nd or 3rd poll: before a layer or before the head
+        def interrupt() -> bool:  # true at the 1st, 2nd or 3rd poll: before a layer or before the head
             polls.append(1)
-            return len(polls) > (prompt_forwards + decoding) % 3
+            return len(polls) > decoding % 3
 
-        if not run.prefilled:
-            assert engine.advance(run, preempt=at_poll) == [] and run.out == out
-            assert cached - 1 <= engine.cached_tokens <= cached  # (a first step drops the last token to redo it)
-            assert engine.advance(run, interrupt=lambda: True) is not None  # not polled: runs whole
-            assert engine.cached_tokens > cached
+        decided = engine.advance(run, interrupt=interrupt)
+        if not prefilled:  # a prompt's forward: never polled, run whole
+            assert polls == [] and run.interrupted == decoding and engine.cached_tokens > cached
             prompt_forwards += 1
-        else:
-            assert engine.advance(run, interrupt=at_poll) == [] and run.out == out and not run.done
-            assert engine.cached_tokens == cached
-            engine.advance(run)
-            decoding += 1
-        assert run.interrupted == prompt_forwards + decoding and len(polls) == (run.interrupted - 1) % 3 + 1
+            continue
+        assert decided == [] and run.out == out and engine.cached_tokens == cached and not run.done
+        assert run.interrupted == decoding + 1 and len(polls) == decoding % 3 + 1
+        engine.advance(run)
+        decoding += 1
     assert prompt_forwards == 5 and decoding >= 3  # 16 + 16 + 16 + 16, then the first step with the last 8
     assert run.result.tokens == ref
     assert run.forwards == prompt_forwards + decoding  # the interrupted forwards are not counted as done

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -42,21 +41,18 @@ class FakeBackend:
         self.interrupted: list[tuple[str, str]] = []  # steps stopped midway by their interrupt
         self.lock = threading.Lock()
 
-    def step_time(self, run) -> float:
-        return self.step_s
-
     def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None, repo=None):
         with self.lock:
             self.starts.append((purpose, ctx.prefix))
         text = self.respond(ctx) if purpose != "sample" else f"sampled {seed}"
         return FakeRun(key, text, purpose, self.prefill_steps, config.max_tokens)
 
-    def advance(self, run, interrupt=None, preempt=None):
-        """Honours `interrupt` (as the engine does in a decoding step) and `preempt`: polled during the step,
-        true ends it with nothing done."""
-        end = time.monotonic() + self.step_time(run)
+    def advance(self, run, interrupt=None):
+        """Honours `interrupt` as the engine does in a decoding step: polled during the step, true ends it with
+        nothing done."""
+        end = time.monotonic() + self.step_s
         while time.monotonic() < end:
-            if (interrupt is not None and interrupt()) or (preempt is not None and preempt()):
+            if interrupt is not None and interrupt():
                 with self.lock:
                     self.interrupted.append((run.purpose, run.key))
                 return
@@ -206,60 +202,6 @@ async def test_an_edit_that_makes_a_prediction_moot_ends_its_step_in_flight():
         assert pred.done and pred.aborted == "stale" and pred.text == ""
     finally:
         svc.close()
-
-
-async def test_a_request_pre_empts_a_background_blocks_prompt_chunk_midway():
-    """A cross-file block's prompt computed in the background (AHEAD), its chunk far longer than the test: the
-    request's prediction outranks it, the chunk ends at its next poll, the request is answered, and the block's
-    prompt is computed again afterwards (promoted once whole)."""
-
-    class SlowWarm(FakeBackend):
-        def step_time(self, run) -> float:
-            return 30.0 if run.purpose == "warm" and not self.interrupted else 0.01
-
-    backend = SlowWarm(respond=lambda ctx: "total(values)\n")
-    svc = make_service(backend, max_tokens=50, warm_up=False, predict_ahead=False)
-    promoted = threading.Event()
-    try:
-        ctx = build_context("x = 1\ny = ", 1, 4)
-        svc.scheduler.warm_block("file:///b.py", ctx, SimpleNamespace(repo=None), promoted.set, lambda: None)
-        while not backend.starts:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # in its first chunk
-        r = await asyncio.wait_for(svc.complete(req("file:///a.py", "z = ")), 10)
-        assert r.items[0].text == "total(values)" and r.record["outcome"] == "completed"
-        assert backend.interrupted[0] == ("warm", "file:///b.py")
-        assert await asyncio.get_running_loop().run_in_executor(None, promoted.wait, 10)  # computed afterwards
-    finally:
-        svc.close()
-
-
-def test_outranked_says_whether_a_more_urgent_job_waits():
-    w = InferenceWorker(queue_size=8)
-    seen = []
-    gates = [threading.Event(), threading.Event()]
-
-    def background(backend):  # one step, polling as a forward's layers would
-        seen.append(w.outranked())  # alone
-        gates[0].wait(5)
-        seen.append(w.outranked())  # a job as urgent waits
-        gates[1].wait(5)
-        seen.append(w.outranked())  # a more urgent one waits too
-        yield
-
-    w.load(lambda: object())
-    job = w.submit(Job("b", background, kind="context", priority=AHEAD))
-    while not seen:
-        time.sleep(0.01)
-    same = w.submit(Job("c", lambda b: "same", kind="context", priority=AHEAD))
-    gates[0].set()
-    while len(seen) < 2:
-        time.sleep(0.01)
-    urgent = w.submit(Job("a", lambda b: "urgent", kind="predict", priority=INTERACTIVE))
-    gates[1].set()
-    assert urgent.future.result(5) == "urgent" and same.future.result(5) == "same" and job.future.result(5) is None
-    assert seen == [False, False, True]
-    w.close()
 
 
 async def test_the_next_pause_is_answered_from_what_was_decoded_since_the_key():

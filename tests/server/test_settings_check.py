@@ -92,7 +92,7 @@ class Backend:
         self.seen_max_tokens.append(config.max_tokens)
         return SimpleNamespace(done=purpose == "warm", prefilled=True, text="", full="x = 1\n")
 
-    def advance(self, run, interrupt=None, preempt=None):
+    def advance(self, run, interrupt=None):
         run.text = run.full[: len(run.text) + 1]
         run.done = run.text == run.full
 
