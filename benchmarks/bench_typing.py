@@ -493,7 +493,7 @@ async def finish_method(run: MethodRun) -> dict:
         "server": st["totals"] if isinstance(run.server, LlamaServer) else {k: st["totals"].get(k) for k in (
             "requests", "model_calls", "completed", "reused", "cache", "empty", "cancelled", "superseded",
             "predictions", "typing_predictions", "ahead_predictions", "warmups", "warm_tokens", "tokens", "steps", "accepted_per_step",
-            "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms",
+            "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms", "interrupted_forwards",
             "prompt_tokens", "reused_prompt_tokens", "computed_prompt_tokens", "accepted_sources",
             "cursor_notifications", "ready_notices",
             "context_selections", "context_select_ms", "context_warm_tokens")},
