@@ -207,7 +207,6 @@ class Engine:
         # it gave it (a prefill's last row, a step's path; see KEPT_ROWS; valid while tokens[:p + 1] are cached)
         self._rows: dict[int, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
         self._observing: Run | None = None  # the run whose output the drafter's sources are following
-        self._interrupt: Callable[[], bool] | None = None  # `advance`'s, for its step's forward
         self._vocab: VocabIndex | None = None
         self._lock = threading.RLock()
 
@@ -263,26 +262,22 @@ class Engine:
         with self._lock:
             if run.done:
                 return []
-            self._interrupt = interrupt
             try:
-                return self._decode_step(run) if run.prefilled else self._prefill_step(run)
+                return self._decode_step(run, interrupt) if run.prefilled else self._prefill_step(run)
             except Interrupted:  # raised inside the step's forward, before anything of the step was kept
                 run.interrupted += 1
                 return []
             except BaseException:
                 self.reset_cache()  # a forward that failed midway leaves the cache in an unknown state
                 raise
-            finally:
-                self._interrupt = None
 
-    def _forward(self, *args, **kwargs) -> torch.Tensor:
-        """A decoding step's verifier forward, interruptible between layers by `advance`'s interrupt where the
-        verifier can be."""
-        if self._interrupt is None or not hasattr(self.verifier, "interrupt"):
-            return self.verifier.forward(*args, **kwargs)
-        self.verifier.interrupt = self._interrupt
+    def _interruptible_forward(self, tensors: tuple, interrupt: Callable[[], bool] | None) -> torch.Tensor:
+        """The verifier's forward of `tensors`, polling `interrupt` between its layers where the verifier can."""
+        if interrupt is None or not hasattr(self.verifier, "interrupt"):
+            return self.verifier.forward(*tensors)
+        self.verifier.interrupt = interrupt
         try:
-            return self.verifier.forward(*args, **kwargs)
+            return self.verifier.forward(*tensors)
         finally:
             self.verifier.interrupt = None
 
@@ -405,7 +400,7 @@ class Engine:
                 return path, tok
             path.append(child)
 
-    def _decode_step(self, run: Run) -> list[int]:
+    def _decode_step(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         t0 = time.perf_counter()
         context = run.prompt + run.out[:-1]  # what the cache must hold before the step
         n = self._activate(context, run.key)
@@ -420,7 +415,7 @@ class Engine:
         cost = self.cost_model() if budget is None and self.drafter else None
         tree = self.drafter.draft(run.ids(), budget, cost)  # context + the pending token
         t2 = time.perf_counter()
-        logits = self._forward(*tree.tensors(self.verifier_device))  # [q, V]
+        logits = self._interruptible_forward(tree.tensors(self.verifier_device), interrupt)  # [q, V]
         path, nxt = self._walk(tree, logits, run)  # (while a forced text is left, the tree is its root alone)
         self.verifier.keep(path)  # cache: ... + root + accepted nodes; nxt is the new pending token
         t3 = time.perf_counter()

@@ -144,8 +144,8 @@ class Scheduler:
             aborted = "stopped"
             try:
                 while not run.done:
-                    # a key that makes this prediction moot stops its job: the step in flight ends at its next
-                    # layer, so the key's own prediction waits a layer, not a step
+                    # a key that makes this prediction moot stops its job: a decoding step in flight ends at its
+                    # next layer, so the key's own prediction waits a layer, not a step
                     backend.advance(run, interrupt=lambda: pred.job.stopped)
                     pred.publish(run.text, run.prefilled, backend.figures(run))
                     yield
