@@ -41,7 +41,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+VARIANT_FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16"], "avx512": ["-DREST_AVX512"]}
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
@@ -243,19 +244,32 @@ def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
 
 
-def _cpu_has_amx() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+        return set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split())
     except (OSError, IndexError):
-        return False
-    return {"amx_tile", "amx_bf16", "avx512bw", "avx512_bf16"} <= set(flags)
+        return set()
+
+
+@functools.cache
+def variant() -> str | None:
+    """Which build this CPU takes: "amx" (AMX tiles), "avx512" (AVX512-BF16 dot products, e.g. a Zen4 EPYC), or
+    None (torch's int4 product): REST_LSP_INT4_KERNEL=torch|avx512|amx|auto overrides (avx512 on an AMX CPU is
+    for comparing the two)."""
+    flags, asked = _cpu_flags(), os.environ.get("REST_LSP_INT4_KERNEL", "auto")
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags
+    amx = avx512 and {"amx_tile", "amx_bf16"} <= flags
+    if asked == "torch" or not avx512 or (asked == "amx" and not amx):
+        return None
+    return "amx" if amx and asked != "avx512" else "avx512"
 
 
 @functools.cache
 def kernel() -> Any | None:
-    """Built once per source and torch version under the cache directory (about 20 s on 2 cores), then
-    loaded; REST_LSP_INT4_KERNEL=torch turns it off (torch's product everywhere)."""
-    if os.environ.get("REST_LSP_INT4_KERNEL", "auto") == "torch" or not _cpu_has_amx():
+    """Built once per source, variant and torch version under the cache directory (about 20 s on 2 cores),
+    then loaded; None where the CPU, the compiler or the OS refuses (torch's product then)."""
+    kind = variant()
+    if kind is None:
         return None
     from torch.utils.cpp_extension import load
 
@@ -263,18 +277,18 @@ def kernel() -> Any | None:
 
     # one folder per source: a daemon and a `rest-lsp complete` of two versions would otherwise rebuild each
     # other's module in place (ninja compares the source it was given)
-    build = cache_root() / "kernels" / f"gguf_amx-{source_digest()}-torch{torch.__version__.replace('+', '_')}"
+    build = cache_root() / "kernels" / f"gguf_{kind}-{source_digest()}-torch{torch.__version__.replace('+', '_')}"
     build.mkdir(parents=True, exist_ok=True)
     # the compiler runs ninja; a venv's own (the `ninja` requirement) when the venv is not on PATH
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
     try:
-        mod = load(name="rest_lsp_gguf_amx", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                   build_directory=str(build), verbose=False)
+        mod = load(name=f"rest_lsp_gguf_{kind}", sources=[str(SOURCE)], extra_cflags=FLAGS + VARIANT_FLAGS[kind],
+                   extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
         if not mod.q4k_amx_ready():
             raise RuntimeError("the OS refused AMX tile state")
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, an assembler without AMX: torch's product
-        log.warning("int4w: the AMX kernel is not available (%s); torch's int4 product is used", e)
+        log.warning("int4w: the %s kernel is not available (%s); torch's int4 product is used", kind, e)
         return None
     finally:
         os.environ["PATH"] = path

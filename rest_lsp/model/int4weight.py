@@ -220,8 +220,9 @@ def fuse_weight_only(*mods, wide: torch.nn.Module | None = None) -> torch.nn.Mod
 
 
 def kernel_name() -> str:
-    """Which product int4w runs in this process: "amx-<source digest>" (gguf_amx.py) or "torch"."""
-    return f"amx-{gguf_amx.source_digest()}" if gguf_amx.kernel() is not None else "torch"
+    """Which product int4w runs in this process: "amx-<source digest>" or "avx512-<source digest>" (gguf_amx.py)
+    or "torch"."""
+    return f"{gguf_amx.variant()}-{gguf_amx.source_digest()}" if gguf_amx.kernel() is not None else "torch"
 
 
 @functools.cache

@@ -203,7 +203,7 @@ def int4w_candidate(model_name: str) -> bool:
     from .int4weight import kernel_name, weight_int4_exact
 
     loss = INT4W_QUALITY.get(model_name)
-    if loss is None and model_name in INT4W_AMX_QUALITY and kernel_name().startswith("amx"):
+    if loss is None and model_name in INT4W_AMX_QUALITY and kernel_name().startswith(("amx", "avx512")):
         loss = INT4W_AMX_QUALITY[model_name]
     return loss is not None and loss >= -INT8_MAX_LOSS and weight_int4_exact()
 

@@ -120,3 +120,22 @@ def test_bad_shapes_are_refused():
         gguf_amx.pack(np.zeros((16, 144), np.uint8), 512)
     with pytest.raises(ValueError, match="Q6_K rows of width 512"):
         gguf_amx.pack_q6k(np.zeros((16, 210), np.uint8), 512)
+
+
+@pytest.mark.parametrize("flags,asked,expected", [
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "auto", "amx"),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "avx512"),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "auto", "avx512"),  # a Zen4 EPYC
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "amx", None),
+    ({"avx512f", "avx512bw", "avx512vl", "avx2"}, "auto", None),  # AVX-512 without BF16 (an Ice Lake Xeon)
+    ({"avx2", "fma"}, "auto", None),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "torch", None),
+])
+def test_the_build_follows_the_cpu_and_the_setting(monkeypatch, flags, asked, expected):
+    monkeypatch.setattr(gguf_amx, "_cpu_flags", lambda: flags)
+    monkeypatch.setenv("REST_LSP_INT4_KERNEL", asked)
+    gguf_amx.variant.cache_clear()
+    try:
+        assert gguf_amx.variant() == expected
+    finally:
+        gguf_amx.variant.cache_clear()

@@ -1,4 +1,6 @@
-// Q4_K and Q6_K weights times bf16 activations on AMX tiles (rest_lsp/model/gguf_amx.py builds and documents it).
+// Q4_K and Q6_K weights times bf16 activations on AMX tiles (rest_lsp/model/gguf_amx.py builds and documents it),
+// or, built with REST_AVX512 (a CPU with AVX512-BF16 but no AMX), on AVX-512 dot products: only the group
+// products (`group_products`) and the tile set-up differ; the blocks' layout, decoding and scales are shared.
 //
 // codes [NB, K/4, 32] uint8: column block nb holds columns 16nb..16nb+15; byte j of chunk c holds, for column
 //   16nb + j/2, the 4-bit value of k = 4c + j%2 (low nibble) and k = 4c + 2 + j%2 (high nibble): a chunk's two
@@ -20,10 +22,14 @@
 
 namespace {
 
+#ifdef REST_AVX512
+bool tiles_permitted() { return true; }  // no tiles asked for
+#else
 bool tiles_permitted() {  // Linux hands out AMX tile state on request only
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
 }
+#endif
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1, start_row = 0, reserved[14] = {0};
@@ -67,9 +73,38 @@ Activations prepare(const torch::Tensor& x, int64_t rows_padded, int group) {
 inline int64_t tile_rows(int64_t M) { return M <= 16 ? std::max<int64_t>(M, 1) : 16; }
 
 // cbuf[gi] = the tile's activation rows (from x, a row every K inputs; `group` inputs for group gi) times B tile
-// gi (group / 2 pairs of k x 16 columns at b + gi * group * 16), for gi < ng (even): two tile sets in turn,
-// tiles 0-2 and 3-5 (C, A, B), so one pair's loads overlap the other's product
-inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256]) {
+// gi (group / 2 pairs of k x 16 columns at b + gi * group * 16), for gi < ng (even), the first `rows` rows.
+#ifdef REST_AVX512
+// One dot-product chain per (row, group, column): pair p of the group (two bf16 activations, broadcast) times
+// pair row p of the tile (16 columns x 2 bf16), p ascending, summed in fp32 by VDPBF16PS. Eight groups' chains
+// run side by side so that one chain's latency hides behind the others; an element's operations and their
+// order depend on neither the rows nor the other columns.
+inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256],
+                           int64_t rows) {
+  const int pairs = group / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * K;
+    for (int g0 = 0; g0 < ng; g0 += 8) {
+      const int n = std::min(8, ng - g0);
+      __m512 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+      for (int p = 0; p < pairs; ++p)
+        for (int i = 0; i < n; ++i) {
+          const int gi = g0 + i;
+          int32_t xp;
+          std::memcpy(&xp, xr + gi * group + 2 * p, 4);
+          const __m512i w = _mm512_load_si512(b + (gi * pairs + p) * 32);
+          acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(xp), (__m512bh)w);
+        }
+      for (int i = 0; i < n; ++i) _mm512_store_ps(cbuf[g0 + i] + 16 * r, acc[i]);
+    }
+  }
+}
+#else
+// two tile sets in turn, tiles 0-2 and 3-5 (C, A, B), so one pair's loads overlap the other's product (every row
+// of the tile: padding rows are zeros)
+inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256],
+                           int64_t /*rows*/) {
   for (int gi = 0; gi < ng; gi += 2) {
     _tile_zero(0); _tile_loadd(1, x + gi * group, K * 2); _tile_loadd(2, b + gi * group * 16, 64);
     _tile_dpbf16ps(0, 1, 2);
@@ -79,6 +114,7 @@ inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int 
     _tile_stored(3, cbuf[gi + 1], 64);
   }
 }
+#endif
 
 // what every product starts with: the tiles granted, the row tiling, the activations and the output
 struct Product {
@@ -104,20 +140,56 @@ void column_blocks(const Product& p, Body body) {
   const int group = p.group;
   float* out = p.out.data_ptr<float>();
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+#ifndef REST_AVX512
     TileConfig cfg;
     for (int t : {0, 3}) { cfg.rows[t] = rows; cfg.colsb[t] = 64; }         // C: rows x 16 fp32
     for (int t : {1, 4}) { cfg.rows[t] = rows; cfg.colsb[t] = 2 * group; }  // A: rows x group bf16
     for (int t : {2, 5}) { cfg.rows[t] = group / 2; cfg.colsb[t] = 64; }    // B: group/2 pairs of k x 16 columns
     _tile_loadconfig(&cfg);
+#endif
     std::vector<float> tot(p.Mp * 16);
     for (int64_t nb = b0; nb < b1; ++nb) {
       std::fill(tot.begin(), tot.end(), 0.f);
       body(nb, tot.data());
       for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * N + nb * 16, tot.data() + m * 16, 64);
     }
+#ifndef REST_AVX512
     _tile_release();
+#endif
   });
 }
+
+
+#ifdef REST_AVX512
+// 32 bf16 values for a permute to decode codes with: entry i is start + i, or start + (i & 15) with `wrap16`
+// (a nibble decodes then with no mask: the index's fifth bit does not matter)
+inline __m512i bf16_table(int start, bool wrap16) {
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) {
+    const float f = float(start + (wrap16 ? (i & 15) : i));
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    t[i] = uint16_t(b >> 16);  // exact: small integers
+  }
+  return _mm512_load_si512(t);
+}
+
+// dot products of 16 columns with a row's 4*N activations (x[4j..4j+1] with W[2j], x[4j+2..4j+3] with W[2j+1]):
+// two VDPBF16PS chains, even and odd pairs, each pair ascending, then their sum: the same operations for every
+// row whatever the number of rows, so a row gets the same bits alone and in a tree
+template <int N>
+inline __m512 pair_dots(const uint16_t* x, const __m512i* W) {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  for (int j = 0; j < N; ++j) {
+    int32_t x0, x1;
+    std::memcpy(&x0, x + 4 * j, 4);
+    std::memcpy(&x1, x + 4 * j + 2, 4);
+    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(x0), (__m512bh)W[2 * j]);
+    b = _mm512_dpbf16_ps(b, (__m512bh)_mm512_set1_epi32(x1), (__m512bh)W[2 * j + 1]);
+  }
+  return _mm512_add_ps(a, b);
+}
+#endif
 
 }  // namespace
 
@@ -137,6 +209,40 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
   const uint8_t* sp = sm.data_ptr<uint8_t>();
+#ifdef REST_AVX512
+  // the weights decoded into registers, a group (16 pairs of k) at a time, and used there by every row
+  const __m512i nibbles = bf16_table(0, true);
+  column_blocks(p, [&](int64_t nb, float* tot) {
+    const uint8_t* q = cp + nb * (K / 4) * 32;
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const uint8_t* qs = q + sb * 64 * 32;
+      const float* f = dp + (nb * SB + sb) * 32;
+      const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
+      for (int gi = 0; gi < 8; ++gi) {
+        __m512i W[16];
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t* c = qs + (gi * 8 + j) * 32;
+          if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(c + PREFETCH), _MM_HINT_T0);
+          const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+          W[2 * j] = _mm512_permutexvar_epi16(w, nibbles);  // the index's fifth bit is ignored by the table
+          W[2 * j + 1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), nibbles);
+        }
+        const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
+        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+        const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        for (int64_t r = 0; r < M; ++r) {
+          const uint16_t* xr = xbp + r * K + sb * 256 + gi * 32;
+          const __m512 dot = pair_dots<8>(xr, W);
+          const __m512 xs = _mm512_set1_ps(xsum[r * G + sb * 8 + gi]);
+          float* t = tot + r * 16;
+          _mm512_storeu_ps(t, _mm512_fnmadd_ps(L, xs, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t))));
+        }
+      }
+    }
+  });
+#else
   const __m512i low4 = _mm512_set1_epi16(15), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c128 = _mm512_set1_ps(128.f);
   column_blocks(p, [&](int64_t nb, float* tot) {
@@ -156,8 +262,8 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
       const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
       for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
         const uint16_t* xa = xbp + m0 * K + sb * 256;
-        group_products(xa, K, wbuf[0], 32, 8, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
+        group_products(xa, K, wbuf[0], 32, 8, cbuf, rows);
         __m512 S[8], L[8];
         for (int gi = 0; gi < 8; ++gi) {
           const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
@@ -182,6 +288,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
       }
     }
   });
+#endif
   return p.out;
 }
 
@@ -204,6 +311,42 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   const uint8_t* hp = hi.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
   const int8_t* sp = sc.data_ptr<int8_t>();
+#ifdef REST_AVX512
+  // q - 32 decoded to bf16 by one two-table permute, a group (8 pairs of k) at a time, into registers
+  const __m512i below = bf16_table(-32, false), above = bf16_table(0, false);  // q < 32, q >= 32
+  const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3);
+  column_blocks(p, [&](int64_t nb, float* tot) {
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
+      const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
+      const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
+      for (int gi = 0; gi < 16; ++gi) {
+        __m512i W[8];
+        for (int hh = 0; hh < 2; ++hh) {
+          const int h = 2 * gi + hh;
+          _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
+          if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
+          const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
+          const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
+          const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
+          const __m512i q[4] = {
+              _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
+              _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
+              _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
+              _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
+          for (int v = 0; v < 4; ++v) W[4 * hh + v] = _mm512_permutex2var_epi16(below, q[v], above);
+        }
+        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + (nb * G + sb * 16 + gi) * 16)))));
+        for (int64_t r = 0; r < M; ++r) {
+          const __m512 dot = pair_dots<4>(xbp + r * K + sb * 256 + gi * 16, W);
+          float* t = tot + r * 16;
+          _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+        }
+      }
+    }
+  });
+#else
   const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c160 = _mm512_set1_ps(160.f);
   column_blocks(p, [&](int64_t nb, float* tot) {
@@ -228,8 +371,8 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
       for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
         const uint16_t* xa = xbp + m0 * K + sb * 256;
-        group_products(xa, K, wbuf[0], 16, 16, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
+        group_products(xa, K, wbuf[0], 16, 16, cbuf, rows);
         __m512 S[16];
         for (int gi = 0; gi < 16; ++gi) {
           const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
@@ -249,6 +392,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       }
     }
   });
+#endif
   return p.out;
 }
 
@@ -309,8 +453,8 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       }
       for (int64_t m0 = 0; m0 < Mp; m0 += TR) {
         const uint16_t* xa = xbp + m0 * K + g0 * 32;
-        group_products(xa, K, wbuf[0], 32, ng, cbuf);
         const int64_t rows = std::min<int64_t>(TR, M - m0);
+        group_products(xa, K, wbuf[0], 32, ng, cbuf, rows);
         __m512 S[8];
         for (int gi = 0; gi < ng; ++gi) S[gi] = _mm512_loadu_ps(dp + (nb * G + g0 + gi) * 16);
         for (int64_t r = 0; r < rows; ++r) {  // the total in a register, as in q4k_amx_mm
