@@ -161,7 +161,7 @@ def forward_code(verifier: object) -> str:
     of the kernel that replaced it, and sized every draft tree from it."""
     classes = {type(verifier)}
     root = getattr(verifier, "lm", None)
-    tags = set()  # a module's compiled kernel, chosen per machine (int4w: AMX tiles or torch's product)
+    tags = set()  # a module's compiled kernel, chosen per machine (int4w: AMX tiles, AVX-512 or torch's product)
     if isinstance(root, torch.nn.Module):
         classes.update(type(m) for m in root.modules())
         tags.update(str(m.kernel_tag) for m in root.modules() if hasattr(m, "kernel_tag"))

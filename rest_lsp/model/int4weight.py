@@ -16,12 +16,14 @@ Two kernels, one per process (a row must round alike alone and in a tree, so the
   dmin*m, and d*sc*(q - 32)), one tile product per group of weights for up to 16 rows, so a draft tree costs
   little more than one row (the 1.5B after 300 cached tokens, 2-core Xeon with AMX: 67 ms for one row, 137 for
   16, against 84 and 219 with torch's products; docs/cpu.md);
+- where it has AVX512-BF16 but no AMX (a Zen4 EPYC), the same source built for AVX-512 dot products (the same
+  layouts, every layer its own blocks too; the 1.5B's step 67 -> 44-46 ms there);
 - elsewhere torch's `_weight_int4pack_mm_for_cpu` (gpt-fast's int4 path), which computes w = (q - 8)*S + Z per
   group of 32: q is taken as it is, S = d*sc_j and Z = 8*S - dmin*m_j, rounded to bf16 once (the kernel takes S
   and Z in the activations' dtype, and only bf16 activations are fast: a 17,920 x 1,536 product, one row, 2-core
   Zen 5: 0.4-0.6 ms in bf16, 51 ms in fp32). Its cost grows with the rows faster than a float product's (1 row
   0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4, against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6).
-A layer stored otherwise (Q5_0, Q8_0; Q6_K without AMX) becomes int8w from its dequantized weights, and a layer
+A layer stored otherwise (Q5_0, Q8_0, Q6_K where neither build runs) becomes int8w from its dequantized weights, and a layer
 whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or transposed)
 too: each tensor is checked against the converted model's weight before it is used. What this builds is kept on
 disk (packed_cache.py) and read by later starts instead of the GGUF (the 0.5B's load on a 2-core Xeon with AMX:
@@ -102,8 +104,8 @@ def pack(q: np.ndarray, scale: np.ndarray, low: np.ndarray) -> tuple[torch.Tenso
 class Int4WeightLinear(torch.nn.Module):
     """y = bf16(x) @ W4^T (+ b): 4-bit weights in groups of 32, bf16 products, fp32 bias and output. Input any
     float dtype [..., K]; output [..., N] in the input's dtype. Two kernels, one per process and never mixed
-    (a row must round alike alone and in a tree): the AMX one (gguf_amx.py: `blocks` a QBlocks) where the CPU has
-    AMX, else torch's (`blocks` = (packed [N, K/2] uint8, scale_zeros [K/32, N, 2] bf16))."""
+    (a row must round alike alone and in a tree): gguf_amx.py's (`blocks` a QBlocks; `amx` true) where the CPU has
+    AMX or AVX512-BF16, else torch's (`blocks` = (packed [N, K/2] uint8, scale_zeros [K/32, N, 2] bf16))."""
 
     MAX_ROWS = 16  # calls of more rows take `wide` (where torch's kernel's cost passes bf16's, above)
 
@@ -180,8 +182,8 @@ class BlockLinear(Int4WeightLinear):
     """A GGUF layer stored as Q6_K (weight = d*sc*(q - 32), 16 weights a scale), Q5_0 (d*(q - 16), 32 a scale)
     or Q8_0 (d*q) as its own blocks on the AMX kernel (gguf_amx.py): 6.6, 5.5 and 8.5 bits a weight, and a
     tree's rows for about one row's cost (the 1.5B's LM head, 151,936 x 1,536, is Q6_K: at int8w 15 ms for one
-    row and 79 ms for 16 on a 2-core Xeon with AMX, here 9 and 22). Where the AMX kernel is missing such a layer
-    is int8w."""
+    row and 79 ms for 16 on a 2-core Xeon with AMX, here 9 and 22). Where gguf_amx.py's kernel is missing such a
+    layer is int8w."""
 
 
 class Parts(torch.nn.Module):

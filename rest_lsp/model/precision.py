@@ -107,8 +107,9 @@ INT8W_QUALITY: dict[str, float] = {
 INT4W_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-1.5B-Instruct": +1.2,  # 116 vs 113 of 240 boltons lines (2026-12-03, 2-core Zen 5 EPYC)
 }
-# ... except where the AMX kernel runs (int4weight.kernel_name() "amx-..."): there every layer of both models is
-# its GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), so int4w is a candidate for the 0.5B too
+# ... except where gguf_amx.py's kernel runs (int4weight.kernel_name() "amx-..." or "avx512-..."): there every
+# layer of both models is its GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), so int4w is a candidate for the 0.5B
+# too. Measured with the AMX build; the AVX-512 build multiplies the same weights, its sums rounded otherwise
 INT4W_AMX_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": +0.8,  # 93 vs 91 of 240 boltons lines (2026-12-03, 2-core Xeon with AMX)
 }

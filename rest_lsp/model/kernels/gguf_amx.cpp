@@ -1,6 +1,7 @@
 // Q4_K and Q6_K weights times bf16 activations on AMX tiles (rest_lsp/model/gguf_amx.py builds and documents it),
-// or, built with REST_AVX512 (a CPU with AVX512-BF16 but no AMX), on AVX-512 dot products: only the group
-// products (`group_products`) and the tile set-up differ; the blocks' layout, decoding and scales are shared.
+// or, built with REST_AVX512 (a CPU with AVX512-BF16 but no AMX), on AVX-512 dot products: the blocks' layout
+// and scales are shared; Q4_K and Q6_K have bodies of their own there (codes decoded into registers), Q5_0 and
+// Q8_0 take the AMX build's decoded buffers with `group_products` on dot products.
 //
 // codes [NB, K/4, 32] uint8: column block nb holds columns 16nb..16nb+15; byte j of chunk c holds, for column
 //   16nb + j/2, the 4-bit value of k = 4c + j%2 (low nibble) and k = 4c + 2 + j%2 (high nibble): a chunk's two
