@@ -117,6 +117,21 @@ inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int 
 }
 #endif
 
+// Q6_K's codes (0..63) of the four pairs of k of chunk h (Q6Blocks' layout: the low four bits from two chunks
+// of `lo`, the top two from one chunk of `hi`), 16 columns x 2 per register, with the prefetch ahead
+inline void q6k_codes(const uint8_t* ls, const uint8_t* hs, int h, __m512i (&q)[4]) {
+  const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3);
+  _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
+  if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
+  const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
+  const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
+  const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
+  q[0] = _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4));
+  q[1] = _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4));
+  q[2] = _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4));
+  q[3] = _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4));
+}
+
 // what every product starts with: the tiles granted, the row tiling, the activations and the output
 struct Product {
   int64_t M, TR, Mp;  // rows, rows per tile, rows padded to whole tiles
@@ -315,7 +330,6 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
 #ifdef REST_AVX512
   // q - 32 decoded to bf16 by one two-table permute, a group (8 pairs of k) at a time, into registers
   const __m512i below = bf16_table(-32, false), above = bf16_table(0, false);  // q < 32, q >= 32
-  const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3);
   column_blocks(p, [&](int64_t nb, float* tot) {
     for (int64_t sb = 0; sb < SB; ++sb) {
       const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
@@ -325,16 +339,8 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
         __m512i W[8];
         for (int hh = 0; hh < 2; ++hh) {
           const int h = 2 * gi + hh;
-          _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
-          if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
-          const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
-          const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
-          const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
-          const __m512i q[4] = {
-              _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
-              _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
-              _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
-              _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
+          __m512i q[4];
+          q6k_codes(ls, hs, h, q);
           for (int v = 0; v < 4; ++v) W[4 * hh + v] = _mm512_permutex2var_epi16(below, q[v], above);
         }
         const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -348,7 +354,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
     }
   });
 #else
-  const __m512i low4 = _mm512_set1_epi16(15), low2 = _mm512_set1_epi16(3), bias128 = _mm512_set1_epi16(BF16_128);
+  const __m512i bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c160 = _mm512_set1_ps(160.f);
   column_blocks(p, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[128][32];  // a super-block's 128 pairs of k, decoded
@@ -357,16 +363,8 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
       const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
       for (int h = 0; h < 32; ++h) {
-        _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * h + PREFETCH), _MM_HINT_T0);
-        if ((h & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(hs + 32 * h + PREFETCH / 2), _MM_HINT_T0);
-        const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h)));
-        const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 64 * h + 32)));
-        const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * h)));
-        const __m512i q[4] = {
-            _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4)),
-            _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), low2), 4)),
-            _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), low2), 4)),
-            _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4))};
+        __m512i q[4];
+        q6k_codes(ls, hs, h, q);
         for (int v = 0; v < 4; ++v) _mm512_store_si512(wbuf[4 * h + v], _mm512_or_si512(q[v], bias128));
       }
       const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
