@@ -175,7 +175,7 @@ class Int4WeightLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"kernel={'amx' if self.amx else 'torch'}")
+                f"kernel={gguf_amx.variant() if self.amx else 'torch'}")
 
 
 class BlockLinear(Int4WeightLinear):
