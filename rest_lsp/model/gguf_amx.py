@@ -18,13 +18,13 @@ AMX (a Zen4 EPYC) the "avx512" build decodes a group's Q4_K or Q6_K codes into r
 their exact bf16 values, and every row of the call takes them from there with `vdpbf16ps` (the 1.5B's step
 67 -> 44-46 ms, c(4) 106 -> 67-78; docs/cpu.md); its cost still grows with the rows (compute-bound at 16).
 
-Exact as int4w requires (the AVX-512 build the same, without the 128: its codes decode to q or q - 32 exactly,
-and an element's two dot-product chains are fixed per row): the weights are the blocks' own (Q4_K: d*sc*q - dmin*m; Q6_K: d*sc*(q - 32); the scales
-computed in fp32 as gguf does, not rounded to bf16 as torch's layout needs them). A code q is decoded to the
-bf16 value 128 + q by one OR (0x4300 | q), each group is one tile product of exact bf16 products summed in
-fp32, and the 128 (Q6_K: 160) comes off through the group's activation sum; an output element's operations
-depend on neither the rows nor the other columns of the call, so a row gets the same bits alone and in a tree
-(`int4weight.weight_int4_exact` checks it at load; int4w is refused where it fails).
+Exact as int4w requires (the AVX-512 build the same, without the 128: its codes decode to q or q - 32 exactly, and
+an element's two dot-product chains are fixed per row): the weights are the blocks' own (Q4_K: d*sc*q - dmin*m;
+Q6_K: d*sc*(q - 32); the scales computed in fp32 as gguf does, not rounded to bf16 as torch's layout needs them). A
+code q is decoded to the bf16 value 128 + q by one OR (0x4300 | q), each group is one tile product of exact bf16
+products summed in fp32, and the 128 (Q6_K: 160) comes off through the group's activation sum; an output element's
+operations depend on neither the rows nor the other columns of the call, so a row gets the same bits alone and in a
+tree (`int4weight.weight_int4_exact` checks it at load; int4w is refused where it fails).
 
 Worked example, Q4_K, one column and one group: q = (1, 0, 0, ..., 0), d*sc = 0.5, dmin*m = 0.25, x = (2, 4, 0,
 ...): the tile product gives 129*2 + 128*4 = 770, the group's activations sum to 6, so the dot product with q

@@ -23,11 +23,11 @@ Two kernels, one per process (a row must round alike alone and in a tree, so the
   and Z in the activations' dtype, and only bf16 activations are fast: a 17,920 x 1,536 product, one row, 2-core
   Zen 5: 0.4-0.6 ms in bf16, 51 ms in fp32). Its cost grows with the rows faster than a float product's (1 row
   0.4-0.6 ms, 4 rows 1.0-1.1, 16 rows 3.9-5.6, 65 rows 16.4, against bf16's 1.9-2.9, 2.8-3.1, 3.3-3.4, 6.2-6.6).
-A layer stored otherwise (Q5_0, Q8_0, Q6_K where neither build runs) becomes int8w from its dequantized weights, and a layer
-whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or transposed)
-too: each tensor is checked against the converted model's weight before it is used. What this builds is kept on
-disk (packed_cache.py) and read by later starts instead of the GGUF (the 0.5B's load on a 2-core Xeon with AMX:
-18.0 -> 3.5 s; docs/cpu.md).
+A layer stored otherwise (Q5_0, Q8_0, Q6_K where neither build runs) becomes int8w from its dequantized weights, and
+a layer whose blocks do not decode to the very weights the model holds (a tensor the converter permuted or
+transposed) too: each tensor is checked against the converted model's weight before it is used. What this builds is
+kept on disk (packed_cache.py) and read by later starts instead of the GGUF (the 0.5B's load on a 2-core Xeon with
+AMX: 18.0 -> 3.5 s; docs/cpu.md).
 
 Like int8w: each output element is one dot product whose order depends on neither the number of rows nor the
 other columns in the call (`weight_int4_exact` checks it on this CPU), so a draft tree's row rounds as it does
