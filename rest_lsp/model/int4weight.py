@@ -124,6 +124,11 @@ class Int4WeightLinear(torch.nn.Module):
             self.register_buffer(name, getattr(blocks, name) if self.amx else blocks[fields.index(name)])
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.wide = wide  # the float layer for calls of more than MAX_ROWS rows (None: int4 for all)
+        self._product = None  # gguf_amx.product(self.blocks), bound at the first call
+
+    def _apply(self, fn, recurse=True):  # .to() and the like replace the tensors the bound product holds
+        self._product = None
+        return super()._apply(fn, recurse)
 
     @property
     def kernel_tag(self) -> str:  # for the cached c(q)'s key (engine/cost.py): which product, which source
@@ -159,6 +164,14 @@ class Int4WeightLinear(torch.nn.Module):
                    fused_bias(mods), wide)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        if self.amx and x.dim() == 2 and 0 < x.shape[0] <= self.MAX_ROWS:
+            # a decoding step's or a tree's call, the common case, with as little around the product as can be
+            if self._product is None:
+                self._product = gguf_amx.product(self.blocks)
+            y = self._product(x if x.is_contiguous() else x.contiguous())
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:

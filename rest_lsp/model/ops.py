@@ -58,6 +58,10 @@ def norm(x: torch.Tensor, layer: bool, weight: torch.Tensor, bias: torch.Tensor 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # as transformers' Qwen2RMSNorm/Qwen3RMSNorm/LlamaRMSNorm: normalise in fp32, scale in the weights' dtype
+    if x.dtype == w.dtype == torch.float32:
+        # torch's fused kernel: the same bits for fp32 inputs and weights, row by row (tests/model/test_ops.py), in one
+        # call instead of seven (a decoding step makes 2 per layer)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return w * xf.to(x.dtype)

@@ -113,6 +113,21 @@ def test_layers_fuse_column_block_by_column_block():
     assert torch.equal(fused(x), torch.cat([m(x) for m in layers], dim=1))
 
 
+def test_a_layers_bound_product_follows_its_tensors():
+    from testmodels.tiny import random_q4k_blocks
+
+    rng = np.random.default_rng(7)
+    layer = Int4WeightLinear.from_q4k(random_q4k_blocks(32, 512, rng), 512,
+                                      torch.from_numpy(rng.standard_normal(32).astype(np.float32)))
+    x = torch.randn(3, 512)
+    before = layer(x)  # binds the product to the layer's tensors
+    assert torch.equal(layer(x.reshape(1, 3, 512)), before.reshape(1, 3, 32))  # the general path, same bits
+    old_dd = layer.dd
+    layer._apply(lambda t: t.clone())  # what .to() and the like do: new tensors in the layer
+    old_dd.zero_()  # a product still bound to the old tensors would now give the mins alone
+    assert torch.equal(layer(x), before)
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="whole blocks of 16"):
         gguf_amx.pack(np.zeros((8, 144), np.uint8), 256)
