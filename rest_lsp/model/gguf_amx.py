@@ -14,12 +14,13 @@ draft tree of 16 rows costs 4-7x one row (17,920 x 1,536 on a 2-core Xeon with A
 4, 4.98 at 16), and the 1.5B at int4w could afford trees of 2-3 nodes only; its Q6_K layers (the head, half the
 down projections) were int8w, 8 bits a weight and the same growth. Here each super-block's weights are decoded
 once into bf16 tiles and one tile product serves up to 16 rows: 0.64, 0.72 and 1.43 ms (docs/cpu.md). Without
-AMX (a Zen4 EPYC) the "avx512" build decodes a group's Q4_K or Q6_K codes into registers, by a permute each to
-their exact bf16 values, and every row of the call takes them from there with `vdpbf16ps` (the 1.5B's step
-67 -> 44-46 ms, c(4) 106 -> 67-78; docs/cpu.md); its cost still grows with the rows (compute-bound at 16).
+AMX (a Zen4 EPYC) the "avx512" build decodes a group's codes into registers, by a permute each to their exact
+bf16 values (Q8_0: converted), and every row of the call takes them from there with `vdpbf16ps` (the 1.5B's step
+67 -> 44-46 ms, c(4) 106 -> 67-78; the 0.5B's, mostly Q5_0 and Q8_0, 24-27 -> 18 ms, c(4) 45-48 -> 29;
+docs/cpu.md); its cost still grows with the rows (compute-bound at 16).
 
-Exact as int4w requires (the AVX-512 build the same, without the 128: its codes decode to q or q - 32 exactly, and
-an element's two dot-product chains are fixed per row): the weights are the blocks' own (Q4_K: d*sc*q - dmin*m;
+Exact as int4w requires (the AVX-512 build the same, without the 128: its codes decode to q, q - 16 or q - 32
+exactly, and an element's two dot-product chains are fixed per row): the weights are the blocks' own (Q4_K: d*sc*q - dmin*m;
 Q6_K: d*sc*(q - 32); the scales computed in fp32 as gguf does, not rounded to bf16 as torch's layout needs them). A
 code q is decoded to the bf16 value 128 + q by one OR (0x4300 | q), each group is one tile product of exact bf16
 products summed in fp32, and the 128 (Q6_K: 160) comes off through the group's activation sum; an output element's

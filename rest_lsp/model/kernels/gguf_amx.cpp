@@ -1,7 +1,7 @@
 // Q4_K and Q6_K weights times bf16 activations on AMX tiles (rest_lsp/model/gguf_amx.py builds and documents it),
 // or, built with REST_AVX512 (a CPU with AVX512-BF16 but no AMX), on AVX-512 dot products: the blocks' layout
-// and scales are shared; Q4_K and Q6_K have bodies of their own there (codes decoded into registers), Q5_0 and
-// Q8_0 take the AMX build's decoded buffers with `group_products` on dot products.
+// and scales are shared; each format has a body of its own there (codes decoded into registers and used by every
+// row).
 //
 // codes [NB, K/4, 32] uint8: column block nb holds columns 16nb..16nb+15; byte j of chunk c holds, for column
 //   16nb + j/2, the 4-bit value of k = 4c + j%2 (low nibble) and k = 4c + 2 + j%2 (high nibble): a chunk's two
@@ -75,33 +75,7 @@ inline int64_t tile_rows(int64_t M) { return M <= 16 ? std::max<int64_t>(M, 1) :
 
 // cbuf[gi] = the tile's activation rows (from x, a row every K inputs; `group` inputs for group gi) times B tile
 // gi (group / 2 pairs of k x 16 columns at b + gi * group * 16), for gi < ng (even), the first `rows` rows.
-#ifdef REST_AVX512
-// One dot-product chain per (row, group, column): pair p of the group (two bf16 activations, broadcast) times
-// pair row p of the tile (16 columns x 2 bf16), p ascending, summed in fp32 by VDPBF16PS. Eight groups' chains
-// run side by side so that one chain's latency hides behind the others; an element's operations and their
-// order depend on neither the rows nor the other columns.
-inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256],
-                           int64_t rows) {
-  const int pairs = group / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * K;
-    for (int g0 = 0; g0 < ng; g0 += 8) {
-      const int n = std::min(8, ng - g0);
-      __m512 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-      for (int p = 0; p < pairs; ++p)
-        for (int i = 0; i < n; ++i) {
-          const int gi = g0 + i;
-          int32_t xp;
-          std::memcpy(&xp, xr + gi * group + 2 * p, 4);
-          const __m512i w = _mm512_load_si512(b + (gi * pairs + p) * 32);
-          acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(xp), (__m512bh)w);
-        }
-      for (int i = 0; i < n; ++i) _mm512_store_ps(cbuf[g0 + i] + 16 * r, acc[i]);
-    }
-  }
-}
-#else
+#ifndef REST_AVX512
 // two tile sets in turn, tiles 0-2 and 3-5 (C, A, B), so one pair's loads overlap the other's product (every row
 // of the tile: padding rows are zeros)
 inline void group_products(const uint16_t* x, int64_t K, const uint16_t* b, int group, int ng, float (*cbuf)[256],
@@ -413,9 +387,55 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   const uint8_t* lp = lo.data_ptr<uint8_t>();
   const uint8_t* hp = Q8 ? nullptr : hi.data_ptr<uint8_t>();
   const float* dp = dd.data_ptr<float>();
+  const int64_t chunk_bytes = Q8 ? 16 * 32 : 8 * 32;  // a group's codes: 16 pairs of bytes, or 8 chunks of nibbles
+#ifdef REST_AVX512
+  // a group's 16 pairs of k decoded into registers as q - 16 (Q5_0: one permute of the five-bit code) or q
+  // (Q8_0: converted), exact in bf16, and used there by every row: no offset to take off through the sums
+  const __m512i low4 = _mm512_set1_epi16(15), top = _mm512_set1_epi16(16);
+  const __m512i centred = bf16_table(-16, false);
+  column_blocks(p, [&](int64_t nb, float* tot) {
+    const uint8_t* lb = lp + nb * (Q8 ? K / 2 : K / 4) * 32;
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* ls = lb + g * chunk_bytes;
+      for (int64_t l = 0; l < chunk_bytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(ls + PREFETCH + l), _MM_HINT_T0);
+      __m512i W[16];
+      if (Q8) {
+        for (int q = 0; q < 16; ++q) {
+          const __m128i* b = reinterpret_cast<const __m128i*>(ls + 32 * q);
+          const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b)));
+          const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b + 1)));
+          W[q] = (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
+        }
+      } else {
+        const uint8_t* hs = hp + (nb * (K / 16) + g * 2) * 32;
+        _mm_prefetch(reinterpret_cast<const char*>(hs + PREFETCH / 4), _MM_HINT_T0);
+        for (int hh = 0; hh < 2; ++hh) {
+          // bit v of a lane's byte moved to bit 4 + v: (hb >> v) & 16 is then pair v's top bit in place
+          const __m512i hb = _mm512_slli_epi16(
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * hh))), 4);
+          for (int cc = 0; cc < 4; ++cc) {
+            const __m512i w = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ls + 32 * (4 * hh + cc))));
+            const __m512i t0 = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc), top);
+            const __m512i t1 = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * cc + 1), top);
+            W[2 * (4 * hh + cc)] = _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_and_si512(w, low4), t0), centred);
+            W[2 * (4 * hh + cc) + 1] = _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(w, 4), t1), centred);
+          }
+        }
+      }
+      const __m512 S = _mm512_loadu_ps(dp + (nb * G + g) * 16);
+      for (int64_t r = 0; r < M; ++r) {
+        const __m512 dot = pair_dots<8>(xbp + r * K + g * 32, W);
+        float* t = tot + r * 16;
+        _mm512_storeu_ps(t, _mm512_fmadd_ps(S, dot, _mm512_loadu_ps(t)));
+      }
+    }
+  });
+  (void)TR; (void)Mp; (void)xsum;
+#else
   const __m512i low4 = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1), bias128 = _mm512_set1_epi16(BF16_128);
   const __m512 c144 = _mm512_set1_ps(144.f);
-  const int64_t chunk_bytes = Q8 ? 16 * 32 : 8 * 32;  // a group's codes: 16 pairs of bytes, or 8 chunks of nibbles
   column_blocks(p, [&](int64_t nb, float* tot) {
     alignas(64) uint16_t wbuf[8][16 * 32];
     alignas(64) float cbuf[8][16 * 16];
@@ -470,6 +490,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
       }
     }
   });
+#endif
   return p.out;
 }
 
