@@ -130,6 +130,11 @@ class Int4WeightLinear(torch.nn.Module):
         self._product = None
         return super()._apply(fn, recurse)
 
+    def _bound(self):
+        if self._product is None:
+            self._product = gguf_amx.product(self.blocks)
+        return self._product
+
     @property
     def kernel_tag(self) -> str:  # for the cached c(q)'s key (engine/cost.py): which product, which source
         return f"int4w-{kernel_name()}" if self.amx else "int4w-torch"
@@ -166,9 +171,7 @@ class Int4WeightLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         if self.amx and x.dim() == 2 and 0 < x.shape[0] <= self.MAX_ROWS:
             # a decoding step's or a tree's call, the common case, with as little around the product as can be
-            if self._product is None:
-                self._product = gguf_amx.product(self.blocks)
-            y = self._product(x if x.is_contiguous() else x.contiguous())
+            y = self._bound()(x if x.is_contiguous() else x.contiguous())
             if self.bias is not None:
                 y.add_(self.bias)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -179,7 +182,7 @@ class Int4WeightLinear(torch.nn.Module):
         if self.wide is not None and x2.shape[0] > self.MAX_ROWS:
             return self.wide(x2.to(self.wide.weight.dtype)).to(x.dtype).reshape(*lead, self.out_features)
         if self.amx:
-            y = gguf_amx.matmul(x2, self.blocks)
+            y = self._bound()(x2.contiguous())
         else:
             y = _kernel(x2.to(torch.bfloat16).contiguous(), self.packed, self.scale_zeros).float()
         if self.bias is not None:

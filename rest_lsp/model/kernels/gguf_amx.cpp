@@ -24,8 +24,10 @@
 namespace {
 
 #ifdef REST_AVX512
+constexpr bool AVX512_BUILD = true;
 bool tiles_permitted() { return true; }  // no tiles asked for
 #else
+constexpr bool AVX512_BUILD = false;
 bool tiles_permitted() {  // Linux hands out AMX tile state on request only
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
@@ -50,16 +52,18 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
-// the activations as bf16 rows, zero-padded to a whole number of tiles, and each group's sum of them
+// the activations as bf16 rows, zero-padded to a whole number of tiles, and each group's sum of them (where the
+// product takes an offset or the mins off through them; empty otherwise)
 struct Activations {
   torch::Tensor bf16;
   std::vector<float> sums;
 };
 
-Activations prepare(const torch::Tensor& x, int64_t rows_padded, int group) {
+Activations prepare(const torch::Tensor& x, int64_t rows_padded, int group, bool sums) {
   const int64_t M = x.size(0), K = x.size(1), G = K / group;
-  Activations a{torch::zeros({rows_padded, K}, torch::kBFloat16), std::vector<float>(M * G)};
+  Activations a{torch::zeros({rows_padded, K}, torch::kBFloat16), std::vector<float>(sums ? M * G : 0)};
   a.bf16.narrow(0, 0, M).copy_(x);
+  if (!sums) return a;
   const uint16_t* xb = reinterpret_cast<const uint16_t*>(a.bf16.data_ptr());
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
@@ -115,10 +119,10 @@ struct Product {
   const uint16_t* x() const { return reinterpret_cast<const uint16_t*>(act.bf16.data_ptr()); }
 };
 
-Product start(const char* name, const torch::Tensor& x, int64_t N, int group) {
+Product start(const char* name, const torch::Tensor& x, int64_t N, int group, bool sums) {
   TORCH_CHECK(tiles_permitted(), name, ": the kernel refused AMX tile state");
   const int64_t M = x.size(0), TR = tile_rows(M), Mp = (M + TR - 1) / TR * TR;
-  return Product{M, TR, Mp, group, prepare(x, Mp, group), torch::empty({M, N}, torch::kFloat32)};
+  return Product{M, TR, Mp, group, prepare(x, Mp, group, sums), torch::empty({M, N}, torch::kFloat32)};
 }
 
 // body(nb, tot) for every block nb of 16 of p's output columns, on at::parallel_for's threads with the tiles
@@ -191,7 +195,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   const int64_t K = x.size(1), NB = codes.size(0), G = K / 32, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
   // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
-  const Product p = start("q4k_amx_mm", x, NB * 16, 32);
+  const Product p = start("q4k_amx_mm", x, NB * 16, 32, true);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
   const uint16_t* xbp = p.x();
   const std::vector<float>& xsum = p.act.sums;
@@ -292,7 +296,8 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
               "q6k_amx_mm: contiguous weights");
   const int64_t K = x.size(1), NB = lo.size(0), G = K / 16, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
-  const Product p = start("q6k_amx_mm", x, NB * 16, 16);  // q - 32 = (128 + q) - 160: the sums take the 160 off
+  // tiles: q - 32 = (128 + q) - 160, the sums take the 160 off; the AVX-512 body decodes q - 32 itself
+  const Product p = start("q6k_amx_mm", x, NB * 16, 16, !AVX512_BUILD);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
   const uint16_t* xbp = p.x();
   const std::vector<float>& xsum = p.act.sums;
@@ -379,7 +384,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous(), "q32_amx_mm: contiguous weights");
   const int64_t K = x.size(1), NB = lo.size(0), G = K / 32;
   TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
-  const Product p = start("q32_amx_mm", x, NB * 16, 32);
+  const Product p = start("q32_amx_mm", x, NB * 16, 32, !AVX512_BUILD);  // tiles: the 144 of Q5_0
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
   const uint16_t* xbp = p.x();
   const std::vector<float>& xsum = p.act.sums;
