@@ -90,6 +90,11 @@ class TreeAttention:
             raise ValueError(f"tree attention: {nh} query heads over {nkv} key/value heads, {nq} rows, {span} keys")
         return out.to(q.dtype)
 
+    @property
+    def address(self) -> int:
+        """The kernel function's address, for compiled callers (decode_layer.py)."""
+        return ctypes.cast(self.fn, ctypes.c_void_p).value
+
     def rows_alike(self) -> bool:
         """probes.rows_alike, the probe torch's attention is judged by, on this build (inputs in its dtype)."""
         d = self.dtype

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from rest_lsp.engine.verifier import Interrupted, SlotCache
 
 from .attention import tree_attention
+from .decode_layer import MAX_ROWS, decode_layers
 from .int8row import Int8RowLinear
 from .int4weight import WEIGHT_ONLY, fuse_weight_only
 from .ops import (MLP_GATED, UnsupportedModel, attention_window, mlp_act, mlp_names, norm, norm_params, pad_rows,
@@ -190,6 +191,9 @@ class StaticLM(torch.nn.Module):
         else:
             self.head = Dense(head.weight, getattr(head, "bias", None), packed, min_rows)
         self.vocab_size = head.out_features
+        # int4w's layers in one compiled call each for the rows of a step or a tree (None: the Python loop below)
+        self.decode_layers = decode_layers(self.layers, heads, self.tree_attention) \
+            if self.tree_attention is not None and self.dtype == torch.float32 else None
         # rotary tables from the model's own rotary module: covers rope scaling variants and attention_scaling
         with torch.no_grad():
             pos = torch.arange(max_len)[None]
@@ -212,6 +216,12 @@ class StaticLM(torch.nn.Module):
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(tokens, self.embed)  # [q, D]
         cos, sin = self.cos[positions], self.sin[positions]  # [q, hd]
+        if self.decode_layers is not None and attention_dtype is not None and q <= MAX_ROWS:
+            for i, layer in enumerate(self.decode_layers):
+                if interrupt is not None and interrupt():
+                    raise Interrupted(f"stopped before layer {i}")
+                x = layer.step(x, cos, sin, cache, i, slots, mask)
+            return self.norm(x)
         for i, layer in enumerate(self.layers):
             if interrupt is not None and interrupt():
                 raise Interrupted(f"stopped before layer {i}")

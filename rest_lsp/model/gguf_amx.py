@@ -46,6 +46,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
+# built into the same module: a decoder layer's step around these products (decode_layer.py)
+SOURCES = (SOURCE, SOURCE.with_name("decode_layer.cpp"))
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
 VARIANT_FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16"], "avx512": ["-DREST_AVX512"]}
 COLUMNS = 16  # a column block: one tile's width in fp32
@@ -247,6 +249,15 @@ def product(blocks: QBlocks | Q6Blocks | Q32Blocks) -> Callable[[torch.Tensor], 
     return lambda x: run(x, *tensors)
 
 
+def format_code(blocks: QBlocks | Q6Blocks | Q32Blocks) -> tuple[int, list[torch.Tensor]]:
+    """The compiled `gguf_product`'s format number (0 Q4_K, 1 Q6_K, 2 Q5_0, 3 Q8_0) and the blocks' tensors."""
+    if isinstance(blocks, Q6Blocks):
+        return 1, list(blocks)
+    if isinstance(blocks, Q32Blocks):
+        return (3 if blocks.kind == "Q8_0" else 2), list(blocks[:3])
+    return 0, list(blocks)
+
+
 def matmul(x: torch.Tensor, blocks: QBlocks | Q6Blocks | Q32Blocks) -> torch.Tensor:
     return product(blocks)(x.contiguous())
 
@@ -255,7 +266,7 @@ def matmul(x: torch.Tensor, blocks: QBlocks | Q6Blocks | Q32Blocks) -> torch.Ten
 def source_digest() -> str:
     import hashlib
 
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:10]
 
 
 def _cpu_flags() -> set[str]:
@@ -297,7 +308,7 @@ def kernel() -> Any | None:
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
     try:
-        mod = load(name=f"rest_lsp_gguf_{kind}", sources=[str(SOURCE)], extra_cflags=FLAGS + VARIANT_FLAGS[kind],
+        mod = load(name=f"rest_lsp_gguf_{kind}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS + VARIANT_FLAGS[kind],
                    extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
         if not mod.q4k_amx_ready():
             raise RuntimeError("the OS refused AMX tile state")

@@ -499,10 +499,25 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   return p.out;
 }
 
+// one product by format (0 Q4_K, 1 Q6_K, 2 Q5_0, 3 Q8_0) with the blocks' tensors in QBlocks/Q6Blocks/Q32Blocks
+// order: decode_layer.cpp's layers call the products through it
+torch::Tensor gguf_product(int64_t kind, const torch::Tensor& x, const std::vector<torch::Tensor>& b) {
+  TORCH_CHECK(kind >= 0 && kind <= 3 && b.size() == (kind == 1 ? 4u : 3u), "gguf_product: format and blocks");
+  switch (kind) {
+    case 0: return q4k_amx_mm(x, b[0], b[1], b[2]);
+    case 1: return q6k_amx_mm(x, b[0], b[1], b[2], b[3]);
+    case 2: return q32_amx_mm<false>(x, b[0], b[1], b[2]);
+    default: return q32_amx_mm<true>(x, b[0], b[1], b[2]);
+  }
+}
+
+void bind_decode_layer(pybind11::module& m);  // decode_layer.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4k_amx_mm", &q4k_amx_mm, "x [M, K] float, codes, dd, sm -> [M, N] fp32");
   m.def("q6k_amx_mm", &q6k_amx_mm, "x [M, K] float, lo, hi, dd, sc -> [M, N] fp32");
   m.def("q5_0_amx_mm", &q32_amx_mm<false>, "x [M, K] float, lo, hi, dd -> [M, N] fp32");
   m.def("q8_0_amx_mm", &q32_amx_mm<true>, "x [M, K] float, codes, (empty), dd -> [M, N] fp32");
   m.def("q4k_amx_ready", &q4k_amx_ready, "whether the OS grants AMX tile state");
+  bind_decode_layer(m);
 }
