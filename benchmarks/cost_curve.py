@@ -103,6 +103,14 @@ def profile_forward(verifier, vocab: int, q: int, past: int, top: int = 20) -> l
 PLAIN_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
+def plain_prompt(tokenizer, vocab: int, past: int = 0) -> list[int]:
+    """PLAIN_PROMPT's ids, after random ids up to `past` tokens in all: a step's attention then spans what
+    llama-bench's `-d past` gives its decoding (the cost of a step grows with the cached tokens)."""
+    ids = tokenizer.encode(PLAIN_PROMPT)
+    filler = torch.randint(0, vocab, (max(0, past - len(ids)),), generator=torch.Generator().manual_seed(2))
+    return filler.tolist() + ids
+
+
 @torch.inference_mode()
 def plain_decoding(verifier, prompt_ids: list[int], n: int, clock=time.perf_counter) -> tuple[list[int], float]:
     """Greedy plain decoding (one token per forward): the tokens and the median ms per token."""
@@ -138,6 +146,9 @@ def main(argv=None) -> None:
     p.add_argument("--min-rows", type=int, default=None, help="packed/screened kinds: pad products to this many rows")
     p.add_argument("--plain", type=int, default=0, metavar="N",
                    help="also decode N tokens greedily one at a time per kind (ms/token; same tokens?)")
+    p.add_argument("--plain-past", type=int, default=0, metavar="N",
+                   help="--plain decodes after a prompt of N tokens (random ids, then the short code prompt), as "
+                        "llama-bench -d N does; default: the short prompt alone")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     if args.threads:
@@ -167,7 +178,7 @@ def main(argv=None) -> None:
             if args.buckets:
                 extra["buckets"] = tuple(int(x) for x in args.buckets.split(","))
         t = time.perf_counter()
-        verifier = make_verifier(loaded, kind, max_len=args.past + max(qs) + 16, **extra)
+        verifier = make_verifier(loaded, kind, max_len=max(args.past + max(qs), args.plain_past + args.plain) + 16, **extra)
         setup = time.perf_counter() - t
         warm = verifier.warm_up() if hasattr(verifier, "warm_up") else {}
         print(f"{kind} ({type(verifier).__name__}): set up in {setup:.1f} s"
@@ -181,7 +192,8 @@ def main(argv=None) -> None:
         ms = curves[kind]
         entry.update(ms=ms, ratio={q: ms[q] / ms[qs[0]] for q in qs})
         if args.plain:
-            tokens, per_token = plain_decoding(verifier, loaded.tokenizer.encode(PLAIN_PROMPT), args.plain, clock)
+            tokens, per_token = plain_decoding(verifier, plain_prompt(loaded.tokenizer, vocab, args.plain_past),
+                                               args.plain, clock)
             entry["plain_ms_per_token"], entry["plain_tokens"] = per_token, tokens
             print(f"  {kind} plain decoding: {per_token:.1f} ms/token over {args.plain} tokens", flush=True)
         if args.profile:

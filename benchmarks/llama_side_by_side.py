@@ -9,7 +9,8 @@ What it runs, in this order (each part names the command it ran in the report):
    figures that disagree): c(q), one forward of q new tokens after a 300-token cache, for q = 1, 2, 4, 8, 16
    and the 64-token prompt chunk (`llama-bench -p Q -n 0 -d 300`; ours `benchmarks/cost_curve.py --kinds auto`,
    the verifier the daemon and `rest-lsp bench` build), and decoding at one row (`llama-bench -n 32 -d 300`;
-   ours: plain decoding's median ms per token);
+   ours: plain decoding's median ms per token after a 300-token prompt, `--plain-past`; before 2026-12-06 22:30
+   UTC after a 15-token one, a shorter attention than llama.cpp's);
 2. HumanEval, ours bracketed by llama.cpp: `llama-server` plain, then with llama.cpp's lookup decoding
    (`--spec-type ngram-cache` with a static n-gram cache that `llama-lookup-create` builds from the text of the
    same corpus's files), then `rest-lsp bench --methods ar,rest` with the corpus datastore, then llama.cpp's
@@ -95,7 +96,7 @@ def our_costs(model: str, precision: str, threads: int, repeats: int, tmp: Path,
     out = tmp / "cost_curve.json"
     run([sys.executable, ROOT / "benchmarks" / "cost_curve.py", "--model", model, "--precision", precision,
          "--kinds", "auto", "--qs", ",".join(map(str, QS)), "--past", PAST, "--repeats", repeats,
-         "--threads", threads, "--plain", 48, "--json", out], log)
+         "--threads", threads, "--plain", 48, "--plain-past", PAST, "--json", out], log)
     rep = json.loads(out.read_text())
     kind = rep["kinds"]["auto"]
     return {"c_ms": {int(q): ms for q, ms in kind["ms"].items()}, "decode_ms": kind["plain_ms_per_token"],

@@ -21,7 +21,9 @@ that chooses)
 An int8 or int4 model (rest_lsp/model/int8row.py: per-row W8A8; int8weight.py: weight-only int8 with bf16
 products; int4weight.py: the GGUF's 4-bit blocks, the rest int8w) runs its own quantized modules here, q/k/v and
 gate/up fused (bit-identical to the separate products), its int8 LM head as is (exact logits at that precision,
-so no screening); `packed` and `screened` both give that path.
+so no screening); `packed` and `screened` both give that path. Where every product of a layer is the GGUF's blocks
+on gguf_amx's kernel (int4w), a step or a tree of up to 16 rows runs each layer in one compiled call instead of the
+Python loop below, with the same bits (rest_lsp/model/decode_layer.py).
 
 Every kind computes the same model at the same precision; greedy tree speculation with any of them emits
 exactly what plain decoding with that same verifier emits (tests/model/test_fast.py). Attention runs in the
