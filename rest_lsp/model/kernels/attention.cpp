@@ -171,9 +171,17 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
         memset(acc, 0, sizeof(float) * R * hd);
         for (int j0 = 0; j0 < span_pad; j0 += TILE) {
             const int n = span - j0 < TILE ? span - j0 : TILE;
-            for (int l = 0; l < TILE; l++) {
-                const T *vj = vg + (int64_t)(j0 + l) * hd;
-                for (int d = 0; d < hd; d++) tile[l * hd + d] = l < n ? to_f32(vj[d]) : 0.0f;
+            // an fp32 cache's whole tile is read where it lies (its rows are the tile's layout); the last tile,
+            // padded with zeros, and a bf16 cache's, converted, are copied
+            const float *vt = tile;
+            if constexpr (sizeof(T) == sizeof(float)) {
+                if (n == TILE) vt = reinterpret_cast<const float *>(vg + (int64_t)j0 * hd);
+            }
+            if (vt == tile) {
+                for (int l = 0; l < TILE; l++) {
+                    const T *vj = vg + (int64_t)(j0 + l) * hd;
+                    for (int d = 0; d < hd; d++) tile[l * hd + d] = l < n ? to_f32(vj[d]) : 0.0f;
+                }
             }
             for (int row = 0; row < R; row++) {
                 const float *p = S + (int64_t)row * span_pad + j0;
@@ -183,11 +191,11 @@ static void attend_head(const float *q, const T *k, const T *v, int64_t head_str
                     for (int c = 0; c < HD / W; c++) oc[c] = load(o + c * W);
                     for (int l = 0; l < TILE; l++)
                         for (int c = 0; c < HD / W; c++)
-                            oc[c] = fmav(splat(p[l]), load(tile + l * hd + c * W), oc[c]);
+                            oc[c] = fmav(splat(p[l]), load(vt + l * hd + c * W), oc[c]);
                     for (int c = 0; c < HD / W; c++) store(o + c * W, oc[c]);
                 } else {
                     for (int l = 0; l < TILE; l++)
-                        for (int d = 0; d < hd; d++) o[d] = o[d] + p[l] * tile[l * hd + d];
+                        for (int d = 0; d < hd; d++) o[d] = o[d] + p[l] * vt[l * hd + d];
                 }
             }
         }
