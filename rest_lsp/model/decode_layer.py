@@ -30,20 +30,19 @@ from .int4weight import Int4WeightLinear, Parts
 MAX_ROWS = Int4WeightLinear.MAX_ROWS  # more rows take the float layers (prompt chunks)
 
 
-def _product(module: torch.nn.Module, kernel: Any) -> Any | None:
-    """The compiled GgufLinear for a layer's product module, or None where one of its parts is not a GGUF block
-    product (int8w, torch's int4 kernel)."""
+def _gguf_parts(module: torch.nn.Module) -> list[Int4WeightLinear] | None:
+    """A layer's product module as its GGUF block products, or None where one part is not one (int8w, torch's
+    int4 kernel)."""
     parts = list(module.parts) if isinstance(module, Parts) else [module]
-    if not all(isinstance(p, Int4WeightLinear) and p.amx for p in parts):
-        return None
-    kinds, blocks, biases, widths = [], [], [], []
-    for p in parts:
-        kind, tensors = gguf_amx.format_code(p.blocks)
-        kinds.append(kind)
-        blocks.append(tensors)
-        biases.append(p.bias if p.bias is not None else torch.empty(0))
-        widths.append(p.out_features)
-    return kernel.GgufLinear(kinds, blocks, biases, widths)
+    return parts if all(isinstance(p, Int4WeightLinear) and p.amx for p in parts) else None
+
+
+def _product(parts: list[Int4WeightLinear], kernel: Any) -> Any:
+    """The compiled GgufLinear of `_gguf_parts`: the parts' outputs side by side."""
+    codes = [gguf_amx.format_code(p.blocks) for p in parts]
+    return kernel.GgufLinear([kind for kind, _ in codes], [tensors for _, tensors in codes],
+                             [p.bias if p.bias is not None else torch.empty(0) for p in parts],
+                             [p.out_features for p in parts])
 
 
 def _qualifies(layer: Any) -> bool:
@@ -55,18 +54,17 @@ def _qualifies(layer: Any) -> bool:
 
 def decode_layers(layers: Sequence[Any], heads: tuple[int, int, int], attention: Any) -> list[Any] | None:
     """Compiled steps for fast.py's `Layer`s (heads: query heads, key/value heads, head size; attention: the fp32
-    TreeAttention), or None unless every layer qualifies: RMSNorm, SiLU-gated MLP, no q/k norms, every product
-    GGUF blocks, the kernel built here."""
-    kernel = gguf_amx.kernel()
-    if kernel is None or attention is None or attention.dtype != torch.float32 or not hasattr(kernel, "DecodeLayer"):
+    TreeAttention, or None), or None unless every layer qualifies: RMSNorm, SiLU-gated MLP, no q/k norms, every
+    product GGUF blocks. The layers are looked at first: another model never builds the kernel for this."""
+    if attention is None or attention.dtype != torch.float32 or not all(map(_qualifies, layers)):
         return None
-    out = []
-    for layer in layers:
-        if not _qualifies(layer):
-            return None
-        products = [_product(m, kernel) for m in (layer.qkv, layer.o, layer.mlp_in, layer.down)]
-        if any(p is None for p in products):
-            return None
-        out.append(kernel.DecodeLayer(layer.in_norm.weight.contiguous(), layer.post_norm.weight.contiguous(),
-                                      float(layer.in_norm.eps), *products, *heads, attention.address))
-    return out
+    parts = [[_gguf_parts(m) for m in (layer.qkv, layer.o, layer.mlp_in, layer.down)] for layer in layers]
+    if any(p is None for products in parts for p in products):
+        return None
+    kernel = gguf_amx.kernel()  # built already: these products run on it
+    if kernel is None or not hasattr(kernel, "DecodeLayer"):
+        return None
+    return [kernel.DecodeLayer(layer.in_norm.weight.contiguous(), layer.post_norm.weight.contiguous(),
+                               float(layer.in_norm.eps), *(_product(p, kernel) for p in products), *heads,
+                               attention.address)
+            for layer, products in zip(layers, parts)]

@@ -194,8 +194,7 @@ class StaticLM(torch.nn.Module):
             self.head = Dense(head.weight, getattr(head, "bias", None), packed, min_rows)
         self.vocab_size = head.out_features
         # int4w's layers in one compiled call each for the rows of a step or a tree (None: the Python loop below)
-        self.decode_layers = decode_layers(self.layers, heads, self.tree_attention) \
-            if self.tree_attention is not None and self.dtype == torch.float32 else None
+        self.decode_layers = decode_layers(self.layers, heads, self.tree_attention)
         # rotary tables from the model's own rotary module: covers rope scaling variants and attention_scaling
         with torch.no_grad():
             pos = torch.arange(max_len)[None]

@@ -240,12 +240,8 @@ def product(blocks: QBlocks | Q6Blocks | Q32Blocks) -> Callable[[torch.Tensor], 
     step of the 0.5B makes 121 products, and looking up the kernel and its tensors each time cost about as much
     as the smaller products themselves."""
     k = kernel()
-    if isinstance(blocks, Q6Blocks):
-        run, tensors = k.q6k_amx_mm, tuple(blocks)
-    elif isinstance(blocks, Q32Blocks):
-        run, tensors = (k.q8_0_amx_mm if blocks.kind == "Q8_0" else k.q5_0_amx_mm), tuple(blocks[:3])
-    else:
-        run, tensors = k.q4k_amx_mm, tuple(blocks)
+    kind, tensors = format_code(blocks)
+    run = (k.q4k_amx_mm, k.q6k_amx_mm, k.q5_0_amx_mm, k.q8_0_amx_mm)[kind]
     return lambda x: run(x, *tensors)
 
 

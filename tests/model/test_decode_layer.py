@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+from rest_lsp.engine.tree import DraftTree
 from rest_lsp.engine.verifier import Interrupted, chain_mask
 from rest_lsp.model import gguf_amx
 from rest_lsp.model.attention import tree_attention
@@ -58,17 +59,14 @@ class Counted:
 
 
 def tree(q: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q rows: a root, then each row a child of a random earlier row -> tokens, depths, mask [q, q]."""
+    """q rows: a root, then each row a child of a random earlier row -> the engine's tokens, depths, mask [q, q]."""
     g = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, q)]
-    mask = torch.zeros(q, q, dtype=torch.bool)
-    depths = torch.zeros(q, dtype=torch.long)
-    for i, p in enumerate(parents):
-        mask[i, i] = True
-        if p >= 0:
-            mask[i] |= mask[p]
-            depths[i] = depths[p] + 1
-    return torch.randint(0, 200, (q,), generator=g), depths, mask
+    depths = [0] * q
+    for i in range(1, q):
+        depths[i] = depths[parents[i]] + 1
+    tokens = torch.randint(0, 200, (q,), generator=g).tolist()
+    return DraftTree(tokens, parents, depths, [1.0] * q, [""] * q).tensors()
 
 
 def test_the_compiled_layers_give_the_python_loops_bits(q4k_model):
