@@ -170,16 +170,16 @@ inline __m512i bf16_table(int start, bool wrap16) {
 
 // dot products of 16 columns with a row's 4*N activations (x[4j..4j+1] with W[2j], x[4j+2..4j+3] with W[2j+1]):
 // two VDPBF16PS chains, even and odd pairs, each pair ascending, then their sum: the same operations for every
-// row whatever the number of rows, so a row gets the same bits alone and in a tree
+// row whatever the number of rows, so a row gets the same bits alone and in a tree. The activation pair is the
+// instruction's memory operand, broadcast ({1to16}): GCC does not fold the intrinsics' broadcast into it, and the
+// separate broadcast made a tree's products 1.09-1.17x slower on a Zen4 EPYC (docs/cpu.md). Products commute
+// exactly (bf16 x bf16 in fp32), so the swapped operands give the same bits.
 template <int N>
 inline __m512 pair_dots(const uint16_t* x, const __m512i* W) {
   __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
   for (int j = 0; j < N; ++j) {
-    int32_t x0, x1;
-    std::memcpy(&x0, x + 4 * j, 4);
-    std::memcpy(&x1, x + 4 * j + 2, 4);
-    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(x0), (__m512bh)W[2 * j]);
-    b = _mm512_dpbf16_ps(b, (__m512bh)_mm512_set1_epi32(x1), (__m512bh)W[2 * j + 1]);
+    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(a) : "v"(W[2 * j]), "m"(*reinterpret_cast<const int32_t*>(x + 4 * j)));
+    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(b) : "v"(W[2 * j + 1]), "m"(*reinterpret_cast<const int32_t*>(x + 4 * j + 2)));
   }
   return _mm512_add_ps(a, b);
 }
