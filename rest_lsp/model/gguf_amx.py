@@ -2,6 +2,7 @@
 has no AMX: int4w's products on such CPUs, one compiled source (kernels/gguf_amx.cpp) built per `variant()`.
 
     kernel() -> the compiled module, or None where the CPU, the compiler or the OS refuses (logged once)
+    build(kind) -> one build ("amx", "avx512", "vnni"), whichever the process runs
     pack(raw [N, K/256*144] uint8, k) -> QBlocks(codes, dd, sm): the kernel's layout of a Q4_K tensor
     pack_q6k(raw [N, K/256*210] uint8, k) -> Q6Blocks(lo, hi, dd, sc): the same for Q6_K
     pack_q32(raw, k, "Q5_0" | "Q8_0") -> Q32Blocks(lo, hi, dd, kind): the same for Q5_0 and Q8_0
@@ -17,7 +18,10 @@ once into bf16 tiles and one tile product serves up to 16 rows: 0.64, 0.72 and 1
 AMX (a Zen4 EPYC) the "avx512" build decodes a group's codes into registers, by a permute each to their exact
 bf16 values (Q8_0: converted), and every row of the call takes them from there with `vdpbf16ps` (the 1.5B's step
 67 -> 44-46 ms, c(4) 106 -> 67-78; the 0.5B's, mostly Q5_0 and Q8_0, 24-27 -> 18 ms, c(4) 45-48 -> 29;
-docs/cpu.md); its cost still grows with the rows (compute-bound at 16).
+docs/cpu.md); its cost still grows with the rows (compute-bound at 16). The "vnni" build (that one with
+`-DREST_VNNI`, where the CPU has AVX512-VNNI) multiplies Q4_K and Q6_K by int8 activations (a scale per 32 inputs)
+with `vpdpbusd`, 64 products an instruction against 32: the 1.5B's products of a 4-row tree 0.82x, of 16 rows
+0.68x; other numerics, so int4w's quality has its own figures there (precision.INT4W_VNNI_QUALITY).
 
 Exact as int4w requires (the AVX-512 build the same, without the 128: its codes decode to q, q - 16 or q - 32
 exactly, and an element's two dot-product chains are fixed per row): the weights are the blocks' own (Q4_K: d*sc*q - dmin*m;
@@ -27,9 +31,10 @@ products summed in fp32, and the 128 (Q6_K: 160) comes off through the group's a
 operations depend on neither the rows nor the other columns of the call, so a row gets the same bits alone and in a
 tree (`int4weight.weight_int4_exact` checks it at load; int4w is refused where it fails).
 
-Worked example, Q4_K, one column and one group: q = (1, 0, 0, ..., 0), d*sc = 0.5, dmin*m = 0.25, x = (2, 4, 0,
-...): the tile product gives 129*2 + 128*4 = 770, the group's activations sum to 6, so the dot product with q
-is 770 - 128*6 = 2 and y = 0.5*2 - 0.25*6 = -0.5, which is sum((0.5*q - 0.25)*x) = 0.25*2 - 0.25*4.
+Worked example, Q4_K, one column and one group: q = (1, 0, 0, ..., 0), d*sc = 0.5, dmin*m = 0.25, x = (2, 254,
+0, ...): the tile product gives 129*2 + 128*254 = 32770, the group's activations sum to 256, so the dot product
+with q is 32770 - 128*256 = 2 and y = 0.5*2 - 0.25*256 = -63, which is sum((0.5*q - 0.25)*x) = 0.25*2 - 0.25*254.
+(The vnni build: x rounds to int8 as (1, 127) with the scale 254 / 127 = 2, exactly; dot = 1 * 1 * 2.)
 """
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
 # built into the same module: a decoder layer's step around these products (decode_layer.py)
 SOURCES = (SOURCE, SOURCE.with_name("decode_layer.cpp"))
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
-VARIANT_FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16"], "avx512": ["-DREST_AVX512"]}
+VARIANT_FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16"], "avx512": ["-DREST_AVX512"],
+                 "vnni": ["-DREST_AVX512", "-DREST_VNNI", "-mavx512vnni"]}
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
@@ -265,7 +271,7 @@ def source_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:10]
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         return set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split())
     except (OSError, IndexError):
@@ -274,24 +280,33 @@ def _cpu_flags() -> set[str]:
 
 @functools.cache
 def variant() -> str | None:
-    """Which build this CPU takes: "amx" (AMX tiles), "avx512" (AVX512-BF16 dot products, e.g. a Zen4 EPYC), or
-    None (torch's int4 product): REST_LSP_INT4_KERNEL=torch|avx512|amx|auto overrides (avx512 on an AMX CPU is
-    for comparing the two)."""
-    flags, asked = _cpu_flags(), os.environ.get("REST_LSP_INT4_KERNEL", "auto")
+    """Which build this CPU takes: "amx" (AMX tiles), "vnni" (AVX512-BF16 dot products, Q4_K and Q6_K on int8
+    activations and AVX512-VNNI's `vpdpbusd`: a Zen4 EPYC), "avx512" (AVX512-BF16 dot products only), or None
+    (torch's int4 product): REST_LSP_INT4_KERNEL=torch|avx512|vnni|amx|auto overrides (avx512 or vnni on an AMX
+    CPU are for comparing builds). vnni's numerics differ from the others': its own quality figures (precision.py)."""
+    flags, asked = cpu_flags(), os.environ.get("REST_LSP_INT4_KERNEL", "auto")
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags
     amx = avx512 and {"amx_tile", "amx_bf16"} <= flags
-    if asked == "torch" or not avx512 or (asked == "amx" and not amx):
+    vnni = avx512 and "avx512_vnni" in flags
+    if asked == "torch" or not avx512 or (asked == "amx" and not amx) or (asked == "vnni" and not vnni):
         return None
-    return "amx" if amx and asked != "avx512" else "avx512"
+    if asked in ("avx512", "vnni"):
+        return asked
+    return "amx" if amx else "vnni" if vnni else "avx512"
+
+
+def kernel() -> Any | None:
+    """This process's build (`variant()`), or None where the CPU, the compiler or the OS refuses (torch's product
+    then)."""
+    kind = variant()
+    return None if kind is None else build(kind)
 
 
 @functools.cache
-def kernel() -> Any | None:
-    """Built once per source, variant and torch version under the cache directory (about 20 s on 2 cores),
-    then loaded; None where the CPU, the compiler or the OS refuses (torch's product then)."""
-    kind = variant()
-    if kind is None:
-        return None
+def build(kind: str) -> Any | None:
+    """The build `kind` ("amx", "avx512", "vnni"): built once per source, variant and torch version under the
+    cache directory (about 20 s on 2 cores), then loaded; None where the compiler or the OS refuses. A process
+    multiplies with kernel()'s only; tests build another to check it."""
     from torch.utils.cpp_extension import load
 
     from restbase.storage import cache_root

@@ -114,6 +114,12 @@ INT4W_AMX_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": +0.8,  # 93 vs 91 of 240 boltons lines (2026-12-03, 2-core Xeon with AMX; the
     # same 93 vs 91 with the AVX-512 build on a 2-core Zen4 EPYC, 2026-12-06: 8 lines differ, 2 exact only in int4w)
 }
+# ... and where the VNNI build runs (int4weight.kernel_name() "vnni-...", gguf_amx.variant()): Q4_K and Q6_K
+# multiply int8 activations (a scale per 32 inputs), other numerics than the bf16 builds', so only these apply
+INT4W_VNNI_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-0.5B-Instruct": +0.4,  # 92 vs 91 of 240 boltons lines (2026-12-07, 2-core Zen4 EPYC)
+    "Qwen2.5-Coder-1.5B-Instruct": -0.8,  # 111 vs 113 (fp32 of 2026-12-03) of 240 boltons lines (2026-12-07, the same)
+}
 
 
 def cpu_name() -> str:
@@ -204,9 +210,13 @@ def int4w_candidate(model_name: str) -> bool:
     the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
     from .int4weight import kernel_name, weight_int4_exact
 
-    loss = INT4W_QUALITY.get(model_name)
-    if loss is None and model_name in INT4W_AMX_QUALITY and kernel_name().startswith(("amx", "avx512")):
-        loss = INT4W_AMX_QUALITY[model_name]
+    name = kernel_name()
+    if name.startswith("vnni"):  # other numerics: its own figures only
+        loss = INT4W_VNNI_QUALITY.get(model_name)
+    else:
+        loss = INT4W_QUALITY.get(model_name)
+        if loss is None and model_name in INT4W_AMX_QUALITY and name.startswith(("amx", "avx512")):
+            loss = INT4W_AMX_QUALITY[model_name]
     return loss is not None and loss >= -INT8_MAX_LOSS and weight_int4_exact()
 
 

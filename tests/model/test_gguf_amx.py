@@ -62,10 +62,12 @@ def test_every_formats_products_are_ggufs_weights_times_the_bf16_activations(kin
     raw = random_blocks(kind, n, k, rng)
     x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
     y = gguf_amx.matmul(x, pack(kind, raw, k))
-    ref = reference(x, raw, k, kind)
+    # this process's build: the vnni build's Q4_K and Q6_K take int8 activations (its own tests below)
+    expected = int8_reference if gguf_amx.variant() == "vnni" and kind in ("Q4_K", "Q6_K") else reference
+    ref = expected(x, raw, k, kind)
     # fp32 sums of exact products (128 + q, 144 or 160 taken off again): a few fp32 roundings, no more
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
-    assert not torch.allclose(y.double(), reference(x, random_blocks(kind, n, k, rng), k, kind), atol=1e-2)
+    assert not torch.allclose(y.double(), expected(x, random_blocks(kind, n, k, rng), k, kind), atol=1e-2)
 
 
 def test_q6k_fields_decode_as_gguf_does():
@@ -84,10 +86,10 @@ def test_the_docstrings_worked_example():
     raw[:, 4], raw[:, 8] = 1, 1  # group 0: sc 1, m 1 -> d*sc = 0.5, dmin*m = 0.25
     raw[0, 16] = 0x01  # column 0: q = 1 at k = 0, the rest of group 0 zero
     x = torch.zeros(1, 256)
-    x[0, 0], x[0, 1] = 2.0, 4.0
+    x[0, 0], x[0, 1] = 2.0, 254.0  # exact in bf16 and, scaled by 254 / 127, in int8 (the vnni build)
     y = gguf_amx.matmul(x, gguf_amx.pack(raw, 256))
-    assert y[0, 0].item() == -0.5
-    assert torch.equal(y[0, 1:], torch.full((15,), -1.5))  # q = 0: only the mins, -0.25 * 6
+    assert y[0, 0].item() == -63.0
+    assert torch.equal(y[0, 1:], torch.full((15,), -64.0))  # q = 0: only the mins, -0.25 * 256
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
@@ -140,17 +142,75 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("flags,asked,expected", [
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "auto", "amx"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "avx512"),
-    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "auto", "avx512"),  # a Zen4 EPYC
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "auto", "avx512"),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}, "auto", "vnni"),  # a Zen4 EPYC
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}, "avx512", "avx512"),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"}, "auto", "amx"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "amx", None),
     ({"avx512f", "avx512bw", "avx512vl", "avx2"}, "auto", None),  # AVX-512 without BF16 (an Ice Lake Xeon)
     ({"avx2", "fma"}, "auto", None),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "torch", None),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}, "vnni", "vnni"),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "vnni", None),  # no VNNI: torch's product, as asked
 ])
 def test_the_build_follows_the_cpu_and_the_setting(monkeypatch, flags, asked, expected):
-    monkeypatch.setattr(gguf_amx, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(gguf_amx, "cpu_flags", lambda: flags)
     monkeypatch.setenv("REST_LSP_INT4_KERNEL", asked)
     gguf_amx.variant.cache_clear()
     try:
         assert gguf_amx.variant() == expected
     finally:
         gguf_amx.variant.cache_clear()
+
+
+# The VNNI build (`REST_LSP_INT4_KERNEL=vnni`): Q4_K and Q6_K on int8 activations, checked here whichever build
+# this process runs. Its reference: the activations rounded as the kernel rounds them (a scale per 32 inputs,
+# amax / 127 in fp32, ties to even), then exact float64 products of gguf's own weights; Q4_K's mins take the
+# inputs' own sums.
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}
+needs_vnni = pytest.mark.skipif(not VNNI_FLAGS <= gguf_amx.cpu_flags(), reason="no AVX512-VNNI here")
+
+
+def vnni_product(kind: str, x: torch.Tensor, blocks):
+    code, tensors = gguf_amx.format_code(blocks)
+    return getattr(gguf_amx.build("vnni"), ("q4k_amx_mm", "q6k_amx_mm")[code])(x, *tensors)
+
+
+def int8_reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str) -> torch.Tensor:
+    g = x.numpy().reshape(x.shape[0], -1, 32)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.maximum(amax, np.float32(1e-30)), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(g * inv), -128, 127)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    xq = torch.from_numpy((q.astype(np.float64) * scale.astype(np.float64)).reshape(x.shape))
+    ref = xq @ gguf_weights(raw, k, kind).double().T
+    if kind == "Q4_K":  # the mins times the inputs' own sums, not the rounded ones'
+        _, _, dmin, _, m = gguf_amx.q4k_fields(raw, k)
+        mins = torch.from_numpy(np.repeat(dmin, 8, axis=1).astype(np.float64) * m)  # [N, K/32]
+        ref = ref + (xq.reshape(x.shape[0], -1, 32).sum(-1) - torch.from_numpy(g.astype(np.float64).sum(-1))) @ mins.T
+    return ref
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K") for n, k in SHAPES])
+def test_the_vnni_build_multiplies_the_weights_by_int8_activations(kind, n, k):
+    rng = np.random.default_rng(n + k + 1)
+    raw = random_blocks(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
+    y = vnni_product(kind, x, pack(kind, raw, k)).double()
+    ref = int8_reference(x, raw, k, kind)
+    assert torch.allclose(y, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    # not the bf16 builds' product: the activations were rounded to int8 (a few 1e-3 of the largest output)
+    bf16 = reference(x, raw, k, kind)
+    assert not torch.allclose(y, bf16, rtol=0, atol=1e-4 * float(bf16.abs().max()))
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_the_vnni_builds_rows_get_the_same_bits_alone_and_in_every_batch(kind):
+    rng = np.random.default_rng(9)
+    blocks = pack(kind, random_blocks(kind, 64, 512, rng), 512)
+    x = torch.from_numpy(rng.standard_normal((40, 512)).astype(np.float32)) * torch.logspace(-3, 3, 40)[:, None]
+    alone = torch.cat([vnni_product(kind, x[i:i + 1], blocks) for i in range(40)])
+    for m in range(2, 41):
+        assert torch.equal(vnni_product(kind, x[:m], blocks), alone[:m]), m

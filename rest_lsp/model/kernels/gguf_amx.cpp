@@ -185,6 +185,161 @@ inline __m512 pair_dots(const uint16_t* x, const __m512i* W) {
 }
 #endif
 
+
+#ifdef REST_VNNI
+// The VNNI build (REST_VNNI, on top of REST_AVX512): Q4_K and Q6_K take int8 activations and VPDPBUSD (64
+// products an instruction, against VDPBF16PS's 32), llama.cpp's idea with a scale per 32 inputs rather than per
+// 256. A row's 32 inputs g become q = round(x * 127 / amax) (ties to even) with the scale amax / 127; the codes'
+// dot products with q are integers, exact in any order, and every float operation after them is per element in
+// a fixed order: a row gets the same bits alone and in a tree, by construction. What changes against the bf16
+// builds is the activations' rounding (7 bits against the group's largest, bf16's 8 bits against each value's
+// own): int4w's quality is measured again for this build (rest_lsp/model/precision.py).
+struct Int8Rows {
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<float> scale;   // [M, K/32]
+  std::vector<float> sum;     // [M, K/32] the inputs' own fp32 sum (Q4_K's mins)
+  std::vector<int32_t> qsum;  // [M, K/16] the sum of q by 16 (Q6_K's 32 taken off)
+};
+
+Int8Rows int8_rows(const torch::Tensor& x32) {
+  const int64_t M = x32.size(0), K = x32.size(1), G = K / 32;
+  Int8Rows a{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G),
+             std::vector<int32_t>(M * K / 16)};
+  const float* xp = x32.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* v = xp + m * K + g * 32;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + m * K + g * 32), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + m * K + g * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+      a.scale[m * G + g] = amax / 127.f;
+      a.sum[m * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+      a.qsum[m * 2 * G + 2 * g] = _mm512_reduce_add_epi32(q0);
+      a.qsum[m * 2 * G + 2 * g + 1] = _mm512_reduce_add_epi32(q1);
+    }
+  return a;
+}
+
+// codes of 4 k for 16 columns, a column's 4 bytes in a 32-bit lane (VPDPBUSD's unsigned operand), from a
+// chunk of the nibble layout (byte 2n: k0 | k2 << 4, byte 2n + 1: k1 | k3 << 4 for column n)
+inline __m512i nibble_lanes(const uint8_t* chunk) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)));
+  return _mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi32(0x0F0F)),
+                         _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0xF0F0)), 12));
+}
+
+// sum over j < N of W[j] . x[4j..4j+3] per 32-bit lane (two chains, integer: exact in any order), the four
+// activations the instruction's broadcast memory operand
+template <int N>
+inline __m512i quad_dots(const int8_t* x, const __m512i* W) {
+  __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+  const int32_t* xv = reinterpret_cast<const int32_t*>(x);
+  for (int j = 0; j < N; j += 2) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(W[j]), "m"(xv[j]));
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(b) : "v"(W[j + 1]), "m"(xv[j + 1]));
+  }
+  return _mm512_add_epi32(a, b);
+}
+
+// out[m, 16nb + c] for every block nb of 16 columns on at::parallel_for's threads: body(nb, tot) adds the
+// block's products into tot [M, 16], zero at the start
+template <class Body>
+torch::Tensor vnni_blocks(int64_t M, int64_t NB, Body body) {
+  torch::Tensor out = torch::empty({M, NB * 16}, torch::kFloat32);
+  float* op = out.data_ptr<float>();
+  const int64_t N = NB * 16;
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> tot(M * 16);
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      std::fill(tot.begin(), tot.end(), 0.f);
+      body(nb, tot.data());
+      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
+    }
+  });
+  return out;
+}
+
+// Q4_K: y = sum over groups of 32 of d*sc * scale * dot(q, x8) - dmin*m * sum(x)
+torch::Tensor q4k_vnni(const torch::Tensor& x, const uint8_t* cp, const float* dp, const uint8_t* sp, int64_t NB) {
+  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
+  const int64_t M = x32.size(0), K = x32.size(1), G = K / 32, SB = K / 256;
+  const Int8Rows a = int8_rows(x32);
+  return vnni_blocks(M, NB, [&](int64_t nb, float* tot) {
+    const uint8_t* q = cp + nb * (K / 4) * 32;
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const float* f = dp + (nb * SB + sb) * 32;
+      const __m512 d = _mm512_loadu_ps(f), dmin = _mm512_loadu_ps(f + 16);
+      for (int gi = 0; gi < 8; ++gi) {
+        __m512i W[8];
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t* c = q + (sb * 64 + gi * 8 + j) * 32;
+          if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(c + PREFETCH), _MM_HINT_T0);
+          W[j] = nibble_lanes(c);
+        }
+        const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
+        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+        const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        const int64_t g = sb * 8 + gi;
+        for (int64_t r = 0; r < M; ++r) {
+          const __m512 dot = _mm512_cvtepi32_ps(quad_dots<8>(a.q.data() + r * K + g * 32, W));
+          float* t = tot + r * 16;
+          const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(S, _mm512_set1_ps(a.scale[r * G + g])), dot, _mm512_loadu_ps(t));
+          _mm512_storeu_ps(t, _mm512_fnmadd_ps(L, _mm512_set1_ps(a.sum[r * G + g]), v));
+        }
+      }
+    }
+  });
+}
+
+// Q6_K: y = sum over groups of 16 of d*sc * scale * (dot(q, x8) - 32 * sum(x8)), q = lo | hi << 4 in 0..63;
+// a group of 32 activations (one scale) covers two of the weights' groups
+torch::Tensor q6k_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t* hp, const float* dp, const int8_t* sp,
+                       int64_t NB) {
+  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
+  const int64_t M = x32.size(0), K = x32.size(1), G = K / 16, SB = K / 256;
+  const Int8Rows a = int8_rows(x32);
+  const __m512i two = _mm512_set1_epi32(0x0303);
+  return vnni_blocks(M, NB, [&](int64_t nb, float* tot) {
+    for (int64_t sb = 0; sb < SB; ++sb) {
+      const uint8_t* ls = lp + (nb * (K / 4) + sb * 64) * 32;
+      const uint8_t* hs = hp + (nb * (K / 8) + sb * 32) * 32;
+      const __m512 d = _mm512_loadu_ps(dp + (nb * SB + sb) * 16);
+      for (int gi = 0; gi < 8; ++gi) {  // 32 inputs: chunks 8gi..8gi+7 of the super-block
+        __m512i W[8];
+        for (int j = 0; j < 8; ++j) {
+          const int c = gi * 8 + j;  // the chunk: k = 4c..4c+3; its top bits: pairs 2c, 2c + 1 of hi chunk c / 2
+          if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(ls + c * 32 + PREFETCH), _MM_HINT_T0);
+          const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + (c / 2) * 32)));
+          const int v = 4 * (c % 2);  // bits of pair 2c in a byte
+          const __m512i top = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h, v), two),
+                                              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, v + 2), two), 16));
+          W[j] = _mm512_or_si512(nibble_lanes(ls + c * 32), _mm512_slli_epi32(top, 4));
+        }
+        const int8_t* s = sp + (nb * G + sb * 16 + 2 * gi) * 16;
+        const __m512 SA = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+        const __m512 SB_ = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        const int64_t g = sb * 8 + gi;  // the activations' group of 32
+        for (int64_t r = 0; r < M; ++r) {
+          const int8_t* xr = a.q.data() + r * K + g * 32;
+          const __m512i dA = _mm512_sub_epi32(quad_dots<4>(xr, W), _mm512_set1_epi32(32 * a.qsum[r * G + 2 * g]));
+          const __m512i dB = _mm512_sub_epi32(quad_dots<4>(xr + 16, W + 4), _mm512_set1_epi32(32 * a.qsum[r * G + 2 * g + 1]));
+          const __m512 sc = _mm512_set1_ps(a.scale[r * (K / 32) + g]);
+          float* t = tot + r * 16;
+          const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(SA, sc), _mm512_cvtepi32_ps(dA), _mm512_loadu_ps(t));
+          _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_mul_ps(SB_, sc), _mm512_cvtepi32_ps(dB), v));
+        }
+      }
+    }
+  });
+}
+#endif
 }  // namespace
 
 bool q4k_amx_ready() { return tiles_permitted(); }
@@ -194,6 +349,9 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   TORCH_CHECK(codes.is_contiguous() && dd.is_contiguous() && sm.is_contiguous(), "q4k_amx_mm: contiguous weights");
   const int64_t K = x.size(1), NB = codes.size(0), G = K / 32, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
+#ifdef REST_VNNI
+  return q4k_vnni(x, codes.data_ptr<uint8_t>(), dd.data_ptr<float>(), sm.data_ptr<uint8_t>(), NB);
+#endif
   // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
   const Product p = start("q4k_amx_mm", x, NB * 16, 32, true);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
@@ -296,6 +454,9 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
               "q6k_amx_mm: contiguous weights");
   const int64_t K = x.size(1), NB = lo.size(0), G = K / 16, SB = K / 256;
   TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
+#ifdef REST_VNNI
+  return q6k_vnni(x, lo.data_ptr<uint8_t>(), hi.data_ptr<uint8_t>(), dd.data_ptr<float>(), sc.data_ptr<int8_t>(), NB);
+#endif
   // tiles: q - 32 = (128 + q) - 160, the sums take the 160 off; the AVX-512 body decodes q - 32 itself
   const Product p = start("q6k_amx_mm", x, NB * 16, 16, !AVX512_BUILD);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
