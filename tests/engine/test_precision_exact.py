@@ -92,8 +92,10 @@ def test_rest_equals_transformers_generate_on_int4w(q4k_model, verifier):
     if verifier == "eager" and not check.exact:
         # transformers' own forward around the 4-bit products: on a 2-core Xeon with AMX (2026-12-03) a tree's
         # depth-1 logits differed from plain decoding's by 0.0625, so the load-time check refuses its trees and
-        # the daemon decodes plainly there; the packed verifier ("auto") stays exact on that CPU
-        assert "depth" in check.reason or "row" in check.reason, check.reason
+        # the daemon decodes plainly there; the packed verifier ("auto") stays exact on that CPU. With the vnni
+        # build on a Zen4 EPYC (2026-12-07) the root already differed (4e-5): refused the same way, for a row that
+        # rounds otherwise, not for an error
+        assert "not what plain decoding computes" in check.reason, check.reason
         pytest.skip(f"tree rows not exact through transformers' forward on this CPU: {check.reason}")
     assert check.exact, check.reason
     source = ScriptedSource(prompt + ref, wrong_branch=0.7, vocab=lm.model.config.vocab_size)

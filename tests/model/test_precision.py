@@ -374,3 +374,18 @@ def test_int8w_is_refused_where_its_kernel_is_not_batch_invariant(tiny, monkeypa
         host.quantize(tiny.model, "int8w")
     monkeypatch.setitem(precision.INT8W_QUALITY, tiny.name, 0.0)
     assert not precision.int8w_candidate(tiny.name)
+
+
+@pytest.mark.parametrize("kernel,expected", [("vnni-abc", False), ("avx512-abc", True), ("amx-abc", True)])
+def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monkeypatch, kernel, expected):
+    """The vnni build rounds activations to int8: a model int4w may run elsewhere is a candidate there only by
+    its own measured figure (here a loss past the bound), whatever the bf16 builds' figures say."""
+    from rest_lsp.model import int4weight, precision
+
+    monkeypatch.setattr(int4weight, "kernel_name", lambda: kernel)
+    monkeypatch.setattr(int4weight, "weight_int4_exact", lambda: True)
+    monkeypatch.setitem(precision.INT4W_QUALITY, "m", +1.0)
+    monkeypatch.setitem(precision.INT4W_VNNI_QUALITY, "m", -(precision.INT8_MAX_LOSS + 1.0))
+    assert precision.int4w_candidate("m") is expected
+    monkeypatch.delitem(precision.INT4W_VNNI_QUALITY, "m")
+    assert precision.int4w_candidate("m") is (expected and not kernel.startswith("vnni"))
