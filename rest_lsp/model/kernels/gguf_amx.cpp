@@ -125,14 +125,13 @@ Product start(const char* name, const torch::Tensor& x, int64_t N, int group, bo
   return Product{M, TR, Mp, group, prepare(x, Mp, group, sums), torch::empty({M, N}, torch::kFloat32)};
 }
 
-// body(nb, tot) for every block nb of 16 of p's output columns, on at::parallel_for's threads with the tiles
-// configured for p.TR rows and p.group inputs a product; tot (p.Mp x 16 fp32) starts at zero for each block and
-// its first p.M rows are the block's output columns
+// body(nb, tot) for every block nb of 16 of out's columns ([M, N] fp32), on at::parallel_for's threads with the
+// tiles configured for `rows` rows and `group` inputs a product; tot (Mp x 16 fp32) starts at zero for each
+// block and its first M rows are the block's output columns
 template <class Body>
-void column_blocks(const Product& p, Body body) {
-  const int64_t N = p.out.size(1), NB = N / 16, M = p.M, rows = p.TR;
-  const int group = p.group;
-  float* out = p.out.data_ptr<float>();
+void column_blocks(const torch::Tensor& out_t, int64_t M, int64_t Mp, int64_t rows, int group, Body body) {
+  const int64_t N = out_t.size(1), NB = N / 16;
+  float* out = out_t.data_ptr<float>();
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
 #ifndef REST_AVX512
     TileConfig cfg;
@@ -141,7 +140,7 @@ void column_blocks(const Product& p, Body body) {
     for (int t : {2, 5}) { cfg.rows[t] = group / 2; cfg.colsb[t] = 64; }    // B: group/2 pairs of k x 16 columns
     _tile_loadconfig(&cfg);
 #endif
-    std::vector<float> tot(p.Mp * 16);
+    std::vector<float> tot(Mp * 16);
     for (int64_t nb = b0; nb < b1; ++nb) {
       std::fill(tot.begin(), tot.end(), 0.f);
       body(nb, tot.data());
@@ -152,6 +151,9 @@ void column_blocks(const Product& p, Body body) {
 #endif
   });
 }
+
+template <class Body>
+void column_blocks(const Product& p, Body body) { column_blocks(p.out, p.M, p.Mp, p.TR, p.group, body); }
 
 
 #ifdef REST_AVX512
@@ -244,21 +246,11 @@ inline __m512i quad_dots(const int8_t* x, const __m512i* W) {
   return _mm512_add_epi32(a, b);
 }
 
-// out[m, 16nb + c] for every block nb of 16 columns on at::parallel_for's threads: body(nb, tot) adds the
-// block's products into tot [M, 16], zero at the start
+// column_blocks for a product with no Product (no bf16 activations, no tiles): out [M, 16 NB] fp32
 template <class Body>
 torch::Tensor vnni_blocks(int64_t M, int64_t NB, Body body) {
   torch::Tensor out = torch::empty({M, NB * 16}, torch::kFloat32);
-  float* op = out.data_ptr<float>();
-  const int64_t N = NB * 16;
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> tot(M * 16);
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      std::fill(tot.begin(), tot.end(), 0.f);
-      body(nb, tot.data());
-      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + nb * 16, tot.data() + m * 16, 64);
-    }
-  });
+  column_blocks(out, M, M, M, 0, body);
   return out;
 }
 
