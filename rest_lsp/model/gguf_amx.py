@@ -19,7 +19,7 @@ AMX (a Zen4 EPYC) the "avx512" build decodes a group's codes into registers, by 
 bf16 values (Q8_0: converted), and every row of the call takes them from there with `vdpbf16ps` (the 1.5B's step
 67 -> 44-46 ms, c(4) 106 -> 67-78; the 0.5B's, mostly Q5_0 and Q8_0, 24-27 -> 18 ms, c(4) 45-48 -> 29;
 docs/cpu.md); its cost still grows with the rows (compute-bound at 16). The "vnni" build (that one with
-`-DREST_VNNI`, where the CPU has AVX512-VNNI) multiplies Q4_K and Q6_K by int8 activations (a scale per 32 inputs)
+`-DREST_VNNI`, where the CPU has AVX512-VNNI) multiplies every format by int8 activations (a scale per 32 inputs)
 with `vpdpbusd`, 64 products an instruction against 32: the 1.5B's products of a 4-row tree 0.82x, of 16 rows
 0.68x; other numerics, so int4w's quality has its own figures there (precision.INT4W_VNNI_QUALITY).
 
@@ -280,8 +280,8 @@ def cpu_flags() -> set[str]:
 
 @functools.cache
 def variant() -> str | None:
-    """Which build this CPU takes: "amx" (AMX tiles), "vnni" (AVX512-BF16 dot products, Q4_K and Q6_K on int8
-    activations and AVX512-VNNI's `vpdpbusd`: a Zen4 EPYC), "avx512" (AVX512-BF16 dot products only), or None
+    """Which build this CPU takes: "amx" (AMX tiles), "vnni" (int8 activations and AVX512-VNNI's `vpdpbusd`: a
+    Zen4 EPYC), "avx512" (AVX512-BF16 dot products), or None
     (torch's int4 product): REST_LSP_INT4_KERNEL=torch|avx512|vnni|amx|auto overrides (avx512 or vnni on an AMX
     CPU are for comparing builds). vnni's numerics differ from the others': its own quality figures (precision.py)."""
     flags, asked = cpu_flags(), os.environ.get("REST_LSP_INT4_KERNEL", "auto")

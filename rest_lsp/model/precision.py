@@ -114,10 +114,11 @@ INT4W_AMX_QUALITY: dict[str, float] = {
     "Qwen2.5-Coder-0.5B-Instruct": +0.8,  # 93 vs 91 of 240 boltons lines (2026-12-03, 2-core Xeon with AMX; the
     # same 93 vs 91 with the AVX-512 build on a 2-core Zen4 EPYC, 2026-12-06: 8 lines differ, 2 exact only in int4w)
 }
-# ... and where the VNNI build runs (int4weight.kernel_name() "vnni-...", gguf_amx.variant()): Q4_K and Q6_K
-# multiply int8 activations (a scale per 32 inputs), other numerics than the bf16 builds', so only these apply
+# ... and where the VNNI build runs (int4weight.kernel_name() "vnni-...", gguf_amx.variant()): every format
+# multiplies int8 activations (a scale per 32 inputs), other numerics than the bf16 builds', so only these apply
 INT4W_VNNI_QUALITY: dict[str, float] = {
-    "Qwen2.5-Coder-0.5B-Instruct": +0.4,  # 92 vs 91 of 240 boltons lines (2026-12-07, 2-core Zen4 EPYC)
+    "Qwen2.5-Coder-0.5B-Instruct": +0.4,  # 92 vs 91 of 240 boltons lines (2026-12-07, 2-core Zen4 EPYC; 92 again
+    # with its Q5_0 and Q8_0 layers on int8 activations too, 7 lines' text changed, none's exactness)
     "Qwen2.5-Coder-1.5B-Instruct": -0.8,  # 111 vs 113 (fp32 of 2026-12-03) of 240 boltons lines (2026-12-07, the same)
 }
 

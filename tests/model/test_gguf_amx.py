@@ -62,8 +62,8 @@ def test_every_formats_products_are_ggufs_weights_times_the_bf16_activations(kin
     raw = random_blocks(kind, n, k, rng)
     x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
     y = gguf_amx.matmul(x, pack(kind, raw, k))
-    # this process's build: the vnni build's Q4_K and Q6_K take int8 activations (its own tests below)
-    expected = int8_reference if gguf_amx.variant() == "vnni" and kind in ("Q4_K", "Q6_K") else reference
+    # this process's build: the vnni build takes int8 activations (its own tests below)
+    expected = int8_reference if gguf_amx.variant() == "vnni" else reference
     ref = expected(x, raw, k, kind)
     # fp32 sums of exact products (128 + q, 144 or 160 taken off again): a few fp32 roundings, no more
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
@@ -163,7 +163,7 @@ def test_the_build_follows_the_cpu_and_the_setting(monkeypatch, flags, asked, ex
         gguf_amx.variant.cache_clear()
 
 
-# The VNNI build (`REST_LSP_INT4_KERNEL=vnni`): Q4_K and Q6_K on int8 activations, checked here whichever build
+# The VNNI build (`REST_LSP_INT4_KERNEL=vnni`): every format on int8 activations, checked here whichever build
 # this process runs. Its reference: the activations rounded as the kernel rounds them (a scale per 32 inputs,
 # amax / 127 in fp32, ties to even), then exact float64 products of gguf's own weights; Q4_K's mins take the
 # inputs' own sums.
@@ -173,7 +173,7 @@ needs_vnni = pytest.mark.skipif(not VNNI_FLAGS <= gguf_amx.cpu_flags(), reason="
 
 def vnni_product(kind: str, x: torch.Tensor, blocks):
     code, tensors = gguf_amx.format_code(blocks)
-    return getattr(gguf_amx.build("vnni"), ("q4k_amx_mm", "q6k_amx_mm")[code])(x, *tensors)
+    return getattr(gguf_amx.build("vnni"), ("q4k_amx_mm", "q6k_amx_mm", "q5_0_amx_mm", "q8_0_amx_mm")[code])(x, *tensors)
 
 
 def int8_reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str) -> torch.Tensor:
@@ -192,7 +192,8 @@ def int8_reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str) -> torch
 
 
 @needs_vnni
-@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K") for n, k in SHAPES])
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K") for n, k in SHAPES]
+                         + [(kind, n, k) for kind in ("Q5_0", "Q8_0") for n, k in SHAPES + [(32, 896)]])
 def test_the_vnni_build_multiplies_the_weights_by_int8_activations(kind, n, k):
     rng = np.random.default_rng(n + k + 1)
     raw = random_blocks(kind, n, k, rng)
@@ -206,7 +207,7 @@ def test_the_vnni_build_multiplies_the_weights_by_int8_activations(kind, n, k):
 
 
 @needs_vnni
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
 def test_the_vnni_builds_rows_get_the_same_bits_alone_and_in_every_batch(kind):
     rng = np.random.default_rng(9)
     blocks = pack(kind, random_blocks(kind, 64, 512, rng), 512)

@@ -110,6 +110,14 @@ inline void q6k_codes(const uint8_t* ls, const uint8_t* hs, int h, __m512i (&q)[
   q[3] = _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_slli_epi16(_mm512_srli_epi16(hb, 6), 4));
 }
 
+// d times a column block's 16 scales (Q4_K's 6-bit scales and mins unsigned, Q6_K's signed), per column in fp32
+inline __m512 scaled(__m512 d, const uint8_t* s) {
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+}
+inline __m512 scaled(__m512 d, const int8_t* s) {
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+}
+
 // what every product starts with: the tiles granted, the row tiling, the activations and the output
 struct Product {
   int64_t M, TR, Mp;  // rows, rows per tile, rows padded to whole tiles
@@ -189,7 +197,7 @@ inline __m512 pair_dots(const uint16_t* x, const __m512i* W) {
 
 
 #ifdef REST_VNNI
-// The VNNI build (REST_VNNI, on top of REST_AVX512): Q4_K and Q6_K take int8 activations and VPDPBUSD (64
+// The VNNI build (REST_VNNI, on top of REST_AVX512): every format takes int8 activations and VPDPBUSD (64
 // products an instruction, against VDPBF16PS's 32), llama.cpp's idea with a scale per 32 inputs rather than per
 // 256. A row's 32 inputs g become q = round(x * 127 / amax) (ties to even) with the scale amax / 127; the codes'
 // dot products with q are integers, exact in any order, and every float operation after them is per element in
@@ -200,7 +208,7 @@ struct Int8Rows {
   std::vector<int8_t> q;      // [M, K]
   std::vector<float> scale;   // [M, K/32]
   std::vector<float> sum;     // [M, K/32] the inputs' own fp32 sum (Q4_K's mins)
-  std::vector<int32_t> qsum;  // [M, K/16] the sum of q by 16 (Q6_K's 32 taken off)
+  std::vector<int32_t> qsum;  // [M, K/16] the sum of q by 16 (the offsets of Q6_K, Q5_0 and Q8_0 taken off)
 };
 
 Int8Rows int8_rows(const torch::Tensor& x32) {
@@ -272,10 +280,8 @@ torch::Tensor q4k_vnni(const torch::Tensor& x, const uint8_t* cp, const float* d
           W[j] = nibble_lanes(c);
         }
         const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
-        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-        const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        const __m512 S = scaled(d, s);
+        const __m512 L = scaled(dmin, s + 16);
         const int64_t g = sb * 8 + gi;
         for (int64_t r = 0; r < M; ++r) {
           const __m512 dot = _mm512_cvtepi32_ps(quad_dots<8>(a.q.data() + r * K + g * 32, W));
@@ -313,10 +319,8 @@ torch::Tensor q6k_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t*
           W[j] = _mm512_or_si512(nibble_lanes(ls + c * 32), _mm512_slli_epi32(top, 4));
         }
         const int8_t* s = sp + (nb * G + sb * 16 + 2 * gi) * 16;
-        const __m512 SA = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-        const __m512 SB_ = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        const __m512 SA = scaled(d, s);
+        const __m512 SB_ = scaled(d, s + 16);
         const int64_t g = sb * 8 + gi;  // the activations' group of 32
         for (int64_t r = 0; r < M; ++r) {
           const int8_t* xr = a.q.data() + r * K + g * 32;
@@ -327,6 +331,60 @@ torch::Tensor q6k_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t*
           const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(SA, sc), _mm512_cvtepi32_ps(dA), _mm512_loadu_ps(t));
           _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_mul_ps(SB_, sc), _mm512_cvtepi32_ps(dB), v));
         }
+      }
+    }
+  });
+}
+
+// Q5_0 and Q8_0: y = sum over groups of 32 of d * scale * (dot(u, x8) - off * sum(x8)), u = q (Q5_0, 0..31, off
+// 16) or q + 128 (Q8_0, the sign bit flipped: 0..255, off 128), so that the codes are VPDPBUSD's unsigned operand
+template <bool Q8>
+torch::Tensor q32_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t* hp, const float* dp, int64_t NB) {
+  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
+  const int64_t M = x32.size(0), K = x32.size(1), G = K / 32;
+  const Int8Rows a = int8_rows(x32);
+  const int32_t off = Q8 ? 128 : 16;
+  // Q8_0's chunks p and p + 1 (k = 2p, 2p + 1 and 2p + 2, 2p + 3 of 16 columns) interleaved by 16 bits: a
+  // column's four k in one lane
+  alignas(64) uint16_t interleave[32];
+  for (int i = 0; i < 32; ++i) interleave[i] = uint16_t(i % 2 ? 16 + i / 2 : i / 2);
+  const __m512i order = _mm512_load_si512(interleave), sign = _mm512_set1_epi32(int32_t(0x80808080u));
+  const __m512i bit0 = _mm512_set1_epi32(0x01010101), even = _mm512_set1_epi32(0x5555);
+  return vnni_blocks(M, NB, [&](int64_t nb, float* tot) {
+    const uint8_t* lb = lp + nb * (Q8 ? K / 2 : K / 4) * 32;
+    for (int64_t g = 0; g < G; ++g) {
+      __m512i W[8];
+      if (Q8) {
+        const uint8_t* ls = lb + g * 16 * 32;
+        for (int j = 0; j < 8; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(ls + 64 * j + PREFETCH), _MM_HINT_T0);
+          W[j] = _mm512_xor_si512(_mm512_permutexvar_epi16(order, _mm512_loadu_si512(ls + 64 * j)), sign);
+        }
+      } else {
+        const uint8_t* ls = lb + g * 8 * 32;
+        const uint8_t* hs = hp + (nb * (K / 16) + g * 2) * 32;
+        _mm_prefetch(reinterpret_cast<const char*>(hs + PREFETCH / 4), _MM_HINT_T0);
+        for (int hh = 0; hh < 2; ++hh) {
+          // lane n of hi chunk hh: bit v of byte 2n (k even) and of byte 2n + 1 (k odd) the top bit of pair 8hh + v;
+          // rearranged so that bits 2cc, 8 + 2cc, 16 + 2cc, 24 + 2cc are those of k = 0..3 of nibble chunk cc
+          const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 32 * hh)));
+          const __m512i tops = _mm512_or_si512(_mm512_and_si512(h, even),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 1), even), 16));
+          for (int cc = 0; cc < 4; ++cc) {
+            const int c = 4 * hh + cc;
+            if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(ls + 32 * c + PREFETCH), _MM_HINT_T0);
+            const __m512i top = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(tops, 2 * cc), bit0), 4);
+            W[c] = _mm512_or_si512(nibble_lanes(ls + 32 * c), top);
+          }
+        }
+      }
+      const __m512 d = _mm512_loadu_ps(dp + (nb * G + g) * 16);
+      for (int64_t r = 0; r < M; ++r) {
+        const int32_t xs = a.qsum[r * 2 * G + 2 * g] + a.qsum[r * 2 * G + 2 * g + 1];
+        const __m512i dot = _mm512_sub_epi32(quad_dots<8>(a.q.data() + r * K + g * 32, W), _mm512_set1_epi32(off * xs));
+        float* t = tot + r * 16;
+        _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.scale[r * G + g])),
+                                            _mm512_cvtepi32_ps(dot), _mm512_loadu_ps(t)));
       }
     }
   });
@@ -372,10 +430,8 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
           W[2 * j + 1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), nibbles);
         }
         const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
-        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-        const __m512 L = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+        const __m512 S = scaled(d, s);
+        const __m512 L = scaled(dmin, s + 16);
         for (int64_t r = 0; r < M; ++r) {
           const uint16_t* xr = xbp + r * K + sb * 256 + gi * 32;
           const __m512 dot = pair_dots<8>(xr, W);
@@ -411,10 +467,8 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
         __m512 S[8], L[8];
         for (int gi = 0; gi < 8; ++gi) {
           const uint8_t* s = sp + (nb * G + sb * 8 + gi) * 32;
-          S[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-          L[gi] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)))));
+          S[gi] = scaled(d, s);
+          L[gi] = scaled(dmin, s + 16);
         }
         // row by row with the sum in a register: each element's operations and their order are those of
         // group by group (g ascending), with one load and one store of the total a row instead of eight
@@ -475,8 +529,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
           q6k_codes(ls, hs, h, q);
           for (int v = 0; v < 4; ++v) W[4 * hh + v] = _mm512_permutex2var_epi16(below, q[v], above);
         }
-        const __m512 S = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + (nb * G + sb * 16 + gi) * 16)))));
+        const __m512 S = scaled(d, sp + (nb * G + sb * 16 + gi) * 16);
         for (int64_t r = 0; r < M; ++r) {
           const __m512 dot = pair_dots<4>(xbp + r * K + sb * 256 + gi * 16, W);
           float* t = tot + r * 16;
@@ -507,8 +560,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
         __m512 S[16];
         for (int gi = 0; gi < 16; ++gi) {
           const int8_t* s = sp + (nb * G + sb * 16 + gi) * 16;
-          S[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+          S[gi] = scaled(d, s);
         }
         for (int64_t r = 0; r < rows; ++r) {  // the total in a register, as in q4k_amx_mm
           float* t = tot + (m0 + r) * 16;
@@ -537,6 +589,9 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   TORCH_CHECK(lo.is_contiguous() && hi.is_contiguous() && dd.is_contiguous(), "q32_amx_mm: contiguous weights");
   const int64_t K = x.size(1), NB = lo.size(0), G = K / 32;
   TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
+#ifdef REST_VNNI
+  return q32_vnni<Q8>(x, lo.data_ptr<uint8_t>(), Q8 ? nullptr : hi.data_ptr<uint8_t>(), dd.data_ptr<float>(), NB);
+#endif
   const Product p = start("q32_amx_mm", x, NB * 16, 32, !AVX512_BUILD);  // tiles: the 144 of Q5_0
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
   const uint16_t* xbp = p.x();
