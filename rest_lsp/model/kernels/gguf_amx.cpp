@@ -207,14 +207,16 @@ inline __m512 pair_dots(const uint16_t* x, const __m512i* W) {
 struct Int8Rows {
   std::vector<int8_t> q;      // [M, K]
   std::vector<float> scale;   // [M, K/32]
-  std::vector<float> sum;     // [M, K/32] the inputs' own fp32 sum (Q4_K's mins)
-  std::vector<int32_t> qsum;  // [M, K/16] the sum of q by 16 (the offsets of Q6_K, Q5_0 and Q8_0 taken off)
+  std::vector<float> sum;     // [M, K/32] the inputs' own fp32 sum (Q4_K's mins), with `float_sums`
+  std::vector<int32_t> qsum;  // [M, K/16] the sum of q by 16 (the offsets of Q6_K, Q5_0 and Q8_0), without
 };
 
-Int8Rows int8_rows(const torch::Tensor& x32) {
+// x's rows rounded to int8 by 32 inputs, with the sums its format takes off: the inputs' own (Q4_K) or q's
+Int8Rows int8_rows(const torch::Tensor& x, bool float_sums) {
+  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
   const int64_t M = x32.size(0), K = x32.size(1), G = K / 32;
-  Int8Rows a{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G),
-             std::vector<int32_t>(M * K / 16)};
+  Int8Rows a{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(float_sums ? M * G : 0),
+             std::vector<int32_t>(float_sums ? 0 : M * K / 16)};
   const float* xp = x32.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
@@ -226,9 +228,12 @@ Int8Rows int8_rows(const torch::Tensor& x32) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + m * K + g * 32), _mm512_cvtsepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + m * K + g * 32 + 16), _mm512_cvtsepi32_epi8(q1));
       a.scale[m * G + g] = amax / 127.f;
-      a.sum[m * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
-      a.qsum[m * 2 * G + 2 * g] = _mm512_reduce_add_epi32(q0);
-      a.qsum[m * 2 * G + 2 * g + 1] = _mm512_reduce_add_epi32(q1);
+      if (float_sums) {
+        a.sum[m * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+      } else {
+        a.qsum[m * 2 * G + 2 * g] = _mm512_reduce_add_epi32(q0);
+        a.qsum[m * 2 * G + 2 * g + 1] = _mm512_reduce_add_epi32(q1);
+      }
     }
   return a;
 }
@@ -264,9 +269,8 @@ torch::Tensor vnni_blocks(int64_t M, int64_t NB, Body body) {
 
 // Q4_K: y = sum over groups of 32 of d*sc * scale * dot(q, x8) - dmin*m * sum(x)
 torch::Tensor q4k_vnni(const torch::Tensor& x, const uint8_t* cp, const float* dp, const uint8_t* sp, int64_t NB) {
-  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
-  const int64_t M = x32.size(0), K = x32.size(1), G = K / 32, SB = K / 256;
-  const Int8Rows a = int8_rows(x32);
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32, SB = K / 256;
+  const Int8Rows a = int8_rows(x, true);
   return vnni_blocks(M, NB, [&](int64_t nb, float* tot) {
     const uint8_t* q = cp + nb * (K / 4) * 32;
     for (int64_t sb = 0; sb < SB; ++sb) {
@@ -298,9 +302,8 @@ torch::Tensor q4k_vnni(const torch::Tensor& x, const uint8_t* cp, const float* d
 // a group of 32 activations (one scale) covers two of the weights' groups
 torch::Tensor q6k_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t* hp, const float* dp, const int8_t* sp,
                        int64_t NB) {
-  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
-  const int64_t M = x32.size(0), K = x32.size(1), G = K / 16, SB = K / 256;
-  const Int8Rows a = int8_rows(x32);
+  const int64_t M = x.size(0), K = x.size(1), G = K / 16, SB = K / 256;
+  const Int8Rows a = int8_rows(x, false);
   const __m512i two = _mm512_set1_epi32(0x0303);
   return vnni_blocks(M, NB, [&](int64_t nb, float* tot) {
     for (int64_t sb = 0; sb < SB; ++sb) {
@@ -340,9 +343,8 @@ torch::Tensor q6k_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t*
 // 16) or q + 128 (Q8_0, the sign bit flipped: 0..255, off 128), so that the codes are VPDPBUSD's unsigned operand
 template <bool Q8>
 torch::Tensor q32_vnni(const torch::Tensor& x, const uint8_t* lp, const uint8_t* hp, const float* dp, int64_t NB) {
-  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();
-  const int64_t M = x32.size(0), K = x32.size(1), G = K / 32;
-  const Int8Rows a = int8_rows(x32);
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  const Int8Rows a = int8_rows(x, false);
   const int32_t off = Q8 ? 128 : 16;
   // Q8_0's chunks p and p + 1 (k = 2p, 2p + 1 and 2p + 2, 2p + 3 of 16 columns) interleaved by 16 bits: a
   // column's four k in one lane
@@ -401,7 +403,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   TORCH_CHECK(K % 256 == 0 && codes.size(1) == K / 4, "q4k_amx_mm: width");
 #ifdef REST_VNNI
   return q4k_vnni(x, codes.data_ptr<uint8_t>(), dd.data_ptr<float>(), sm.data_ptr<uint8_t>(), NB);
-#endif
+#else  // the bf16 builds
   // each group's sum of the bf16 activations: the mins, and the 128 every decoded code carries
   const Product p = start("q4k_amx_mm", x, NB * 16, 32, true);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
@@ -488,6 +490,7 @@ torch::Tensor q4k_amx_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor dd,
   });
 #endif
   return p.out;
+#endif  // REST_VNNI
 }
 
 // Q6_K: lo [NB, K/4, 32] uint8 (the low four bits, laid out as Q4_K's codes), hi [NB, K/8, 32] uint8 (byte j of
@@ -502,7 +505,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   TORCH_CHECK(K % 256 == 0 && lo.size(1) == K / 4 && hi.size(1) == K / 8, "q6k_amx_mm: width");
 #ifdef REST_VNNI
   return q6k_vnni(x, lo.data_ptr<uint8_t>(), hi.data_ptr<uint8_t>(), dd.data_ptr<float>(), sc.data_ptr<int8_t>(), NB);
-#endif
+#else  // the bf16 builds
   // tiles: q - 32 = (128 + q) - 160, the sums take the 160 off; the AVX-512 body decodes q - 32 itself
   const Product p = start("q6k_amx_mm", x, NB * 16, 16, !AVX512_BUILD);
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
@@ -577,6 +580,7 @@ torch::Tensor q6k_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   });
 #endif
   return p.out;
+#endif  // REST_VNNI
 }
 
 // Q5_0 and Q8_0: 32 weights a scale, weight = d*(q - 16) (Q5_0, q 0..31) or d*q (Q8_0, q -128..127); dd
@@ -591,7 +595,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   TORCH_CHECK(K % 64 == 0 && lo.size(1) == (Q8 ? K / 2 : K / 4) && (Q8 || hi.size(1) == K / 16), "q32_amx_mm: width");
 #ifdef REST_VNNI
   return q32_vnni<Q8>(x, lo.data_ptr<uint8_t>(), Q8 ? nullptr : hi.data_ptr<uint8_t>(), dd.data_ptr<float>(), NB);
-#endif
+#else  // the bf16 builds
   const Product p = start("q32_amx_mm", x, NB * 16, 32, !AVX512_BUILD);  // tiles: the 144 of Q5_0
   const int64_t M = p.M, TR = p.TR, Mp = p.Mp;
   const uint16_t* xbp = p.x();
@@ -705,6 +709,7 @@ torch::Tensor q32_amx_mm(torch::Tensor x, torch::Tensor lo, torch::Tensor hi, to
   });
 #endif
   return p.out;
+#endif  // REST_VNNI
 }
 
 // one product by format (0 Q4_K, 1 Q6_K, 2 Q5_0, 3 Q8_0) with the blocks' tensors in QBlocks/Q6Blocks/Q32Blocks
