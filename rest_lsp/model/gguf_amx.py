@@ -2,7 +2,7 @@
 has no AMX: int4w's products on such CPUs, one compiled source (kernels/gguf_amx.cpp) built per `variant()`.
 
     kernel() -> the compiled module, or None where the CPU, the compiler or the OS refuses (logged once)
-    build(kind) -> one build ("amx", "avx512", "vnni"), whichever the process runs
+    build(kind) -> one build ("amx", "avx512", "vnni", "avx2"), whichever the process runs
     pack(raw [N, K/256*144] uint8, k) -> QBlocks(codes, dd, sm): the kernel's layout of a Q4_K tensor
     pack_q6k(raw [N, K/256*210] uint8, k) -> Q6Blocks(lo, hi, dd, sc): the same for Q6_K
     pack_q32(raw, k, "Q5_0" | "Q8_0") -> Q32Blocks(lo, hi, dd, kind): the same for Q5_0 and Q8_0
@@ -51,11 +51,20 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "gguf_amx.cpp"
+AVX2_SOURCE = SOURCE.with_name("gguf_avx2.cpp")  # the same entry points on AVX2, the vnni build's numbers
 # built into the same module: a decoder layer's step around these products (decode_layer.py)
-SOURCES = (SOURCE, SOURCE.with_name("decode_layer.cpp"))
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
-VARIANT_FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16"], "avx512": ["-DREST_AVX512"],
-                 "vnni": ["-DREST_AVX512", "-DREST_VNNI", "-mavx512vnni"]}
+LAYER_SOURCE = SOURCE.with_name("decode_layer.cpp")
+SOURCES = (SOURCE, AVX2_SOURCE, LAYER_SOURCE)
+FLAGS = ["-O3", "-fopenmp"]
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+VARIANT_FLAGS = {"amx": AVX512 + ["-mamx-tile", "-mamx-bf16"], "avx512": AVX512 + ["-DREST_AVX512"],
+                 "vnni": AVX512 + ["-DREST_AVX512", "-DREST_VNNI", "-mavx512vnni"],
+                 # no contraction the vnni build does not make: its bits are this build's too
+                 "avx2": ["-mavx2", "-mfma", "-ffp-contract=off"]}
+
+
+def sources(kind: str) -> list[str]:
+    return [str(AVX2_SOURCE if kind == "avx2" else SOURCE), str(LAYER_SOURCE)]
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
@@ -281,15 +290,19 @@ def cpu_flags() -> set[str]:
 @functools.cache
 def variant() -> str | None:
     """Which build this CPU takes: "amx" (AMX tiles), "vnni" (int8 activations and AVX512-VNNI's `vpdpbusd`: a
-    Zen4 EPYC), "avx512" (AVX512-BF16 dot products), or None
-    (torch's int4 product): REST_LSP_INT4_KERNEL=torch|avx512|vnni|amx|auto overrides (avx512 or vnni on an AMX
-    CPU are for comparing builds). vnni's numerics differ from the others': its own quality figures (precision.py)."""
+    Zen4 EPYC), "avx512" (AVX512-BF16 dot products), "avx2" (the vnni build's numbers on AVX2's `vpmaddubsw`: a CPU
+    with AVX2 and FMA but not AVX512-BF16), or None (torch's int4 product): REST_LSP_INT4_KERNEL=
+    torch|avx2|avx512|vnni|amx|auto overrides (avx2, avx512 or vnni on a larger CPU are for comparing builds).
+    vnni's and avx2's numerics differ from the others': their own quality figures (precision.py)."""
     flags, asked = cpu_flags(), os.environ.get("REST_LSP_INT4_KERNEL", "auto")
+    avx2 = {"avx2", "fma"} <= flags
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags
     amx = avx512 and {"amx_tile", "amx_bf16"} <= flags
     vnni = avx512 and "avx512_vnni" in flags
-    if asked == "torch" or not avx512 or (asked == "amx" and not amx) or (asked == "vnni" and not vnni):
+    if asked == "torch" or (asked == "amx" and not amx) or (asked == "vnni" and not vnni):
         return None
+    if asked == "avx2" or not avx512:
+        return "avx2" if avx2 and asked in ("auto", "avx2") else None
     if asked in ("avx512", "vnni"):
         return asked
     return "amx" if amx else "vnni" if vnni else "avx512"
@@ -304,7 +317,7 @@ def kernel() -> Any | None:
 
 @functools.cache
 def build(kind: str) -> Any | None:
-    """The build `kind` ("amx", "avx512", "vnni"): built once per source, variant and torch version under the
+    """The build `kind` ("amx", "avx512", "vnni", "avx2"): built once per source, variant and torch version under the
     cache directory (about 20 s on 2 cores), then loaded; None where the compiler or the OS refuses. A process
     multiplies with kernel()'s only; tests build another to check it."""
     from torch.utils.cpp_extension import load
@@ -319,7 +332,7 @@ def build(kind: str) -> Any | None:
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
     try:
-        mod = load(name=f"rest_lsp_gguf_{kind}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS + VARIANT_FLAGS[kind],
+        mod = load(name=f"rest_lsp_gguf_{kind}", sources=sources(kind), extra_cflags=FLAGS + VARIANT_FLAGS[kind],
                    extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
         if not mod.q4k_amx_ready():
             raise RuntimeError("the OS refused AMX tile state")

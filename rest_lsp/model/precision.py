@@ -212,7 +212,7 @@ def int4w_candidate(model_name: str) -> bool:
     from .int4weight import kernel_name, weight_int4_exact
 
     name = kernel_name()
-    if name.startswith("vnni"):  # other numerics: its own figures only
+    if name.startswith(("vnni", "avx2")):  # other numerics (the avx2 build's are vnni's): their own figures only
         loss = INT4W_VNNI_QUALITY.get(model_name)
     else:
         loss = INT4W_QUALITY.get(model_name)

@@ -486,7 +486,7 @@ def test_int8_weight_rows_round_alike_and_prompt_chunks_take_the_float_layer():
         Int8WeightLinear.from_linear(torch.nn.Linear(200, 8))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", pytest.param("int8w", marks=needs_int8w)])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16), pytest.param("int8w", marks=needs_int8w)])
 def test_releasing_the_models_copies_frees_them_and_keeps_the_verifiers_output(precision):
     """A packed verifier holds its own copies of the model's weights; releasing the model's frees exactly the
     tensors the verifier does not read (the layers' float weights; not the tied embeddings, the biases the packed

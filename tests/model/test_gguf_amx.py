@@ -63,7 +63,7 @@ def test_every_formats_products_are_ggufs_weights_times_the_bf16_activations(kin
     x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
     y = gguf_amx.matmul(x, pack(kind, raw, k))
     # this process's build: the vnni build takes int8 activations (its own tests below)
-    expected = int8_reference if gguf_amx.variant() == "vnni" else reference
+    expected = int8_reference if gguf_amx.variant() in ("vnni", "avx2") else reference
     ref = expected(x, raw, k, kind)
     # fp32 sums of exact products (128 + q, 144 or 160 taken off again): a few fp32 roundings, no more
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
@@ -147,8 +147,12 @@ def test_bad_shapes_are_refused():
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}, "avx512", "avx512"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"}, "auto", "amx"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "amx", None),
-    ({"avx512f", "avx512bw", "avx512vl", "avx2"}, "auto", None),  # AVX-512 without BF16 (an Ice Lake Xeon)
-    ({"avx2", "fma"}, "auto", None),
+    ({"avx512f", "avx512bw", "avx512vl", "avx2", "fma"}, "auto", "avx2"),  # AVX-512 without BF16 (an Ice Lake Xeon)
+    ({"avx2", "fma"}, "auto", "avx2"),  # an AVX2-only EPYC
+    ({"avx2"}, "auto", None),  # no FMA
+    ({"avx2", "fma"}, "vnni", None),  # not this CPU's: torch's product, as asked
+    ({"avx2", "fma"}, "torch", None),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "avx2", "fma"}, "avx2", "avx2"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "torch", None),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}, "vnni", "vnni"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}, "vnni", None),  # no VNNI: torch's product, as asked
@@ -215,3 +219,79 @@ def test_the_vnni_builds_rows_get_the_same_bits_alone_and_in_every_batch(kind):
     alone = torch.cat([vnni_product(kind, x[i:i + 1], blocks) for i in range(40)])
     for m in range(2, 41):
         assert torch.equal(vnni_product(kind, x[:m], blocks), alone[:m]), m
+
+
+# The AVX2 build (kernels/gguf_avx2.cpp, `REST_LSP_INT4_KERNEL=avx2`; an AVX2-only CPU's): the vnni build's
+# numbers from VPMADDUBSW, checked against the same reference wherever AVX2 runs, and bit for bit against the
+# vnni build itself where both run.
+needs_avx2 = pytest.mark.skipif(not {"avx2", "fma"} <= gguf_amx.cpu_flags(), reason="no AVX2 here")
+
+
+def avx2_product(kind: str, x: torch.Tensor, blocks):
+    code, tensors = gguf_amx.format_code(blocks)
+    return getattr(gguf_amx.build("avx2"), ("q4k_amx_mm", "q6k_amx_mm", "q5_0_amx_mm", "q8_0_amx_mm")[code])(x, *tensors)
+
+
+@needs_avx2
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K") for n, k in SHAPES]
+                         + [(kind, n, k) for kind in ("Q5_0", "Q8_0") for n, k in SHAPES + [(32, 896)]])
+def test_the_avx2_build_multiplies_the_weights_by_int8_activations(kind, n, k):
+    rng = np.random.default_rng(n + k + 2)
+    raw = random_blocks(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
+    y = avx2_product(kind, x, pack(kind, raw, k)).double()
+    ref = int8_reference(x, raw, k, kind)
+    assert torch.allclose(y, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    bf16 = reference(x, raw, k, kind)
+    assert not torch.allclose(y, bf16, rtol=0, atol=1e-4 * float(bf16.abs().max()))
+
+
+def extreme_rows(k: int, rng) -> torch.Tensor:
+    """Rows that drive the int16 sums to their bounds: every group's inputs +-amax (q = +-127, the largest
+    pair sums against the largest codes), rows of one sign, zero rows, rows 1000x apart."""
+    x = rng.standard_normal((24, k)).astype(np.float32) * np.logspace(-3, 3, 24, dtype=np.float32)[:, None]
+    x[0], x[1], x[2] = 1.0, -1.0, 0.0
+    x[3] = np.where(rng.random(k) < 0.5, 3.0, -3.0)
+    return torch.from_numpy(x)
+
+
+@needs_avx2
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_the_avx2_builds_rows_get_the_same_bits_alone_and_in_every_batch(kind):
+    rng = np.random.default_rng(10)
+    blocks = pack(kind, random_blocks(kind, 64, 512, rng), 512)
+    x = extreme_rows(512, rng)
+    alone = torch.cat([avx2_product(kind, x[i:i + 1], blocks) for i in range(len(x))])
+    for m in range(2, len(x) + 1):
+        assert torch.equal(avx2_product(kind, x[:m], blocks), alone[:m]), m
+
+
+@needs_avx2
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_the_avx2_builds_int16_sums_do_not_saturate(kind):
+    """The largest codes of every format against inputs of +-amax: the integer dot products exactly, so the
+    output is the int8 reference's to fp32 rounding (a saturated int16 sum would be off by thousands)."""
+    rng = np.random.default_rng(11)
+    raw = random_blocks(kind, 32, 512, rng)
+    blk = raw.reshape(32, -1, {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34}[kind])
+    if kind == "Q4_K":
+        blk[:, :, 16:] = 0xFF  # every code 15 (after d, dmin and the 12 bytes of scales)
+    elif kind == "Q6_K":
+        blk[:, :, :192] = 0xFF  # every code 63 (the low and the high bits; scales and d after them)
+    else:
+        blk[:, :, 2:] = 0xFF if kind == "Q5_0" else 0x80  # Q5_0 code 31, Q8_0 -128
+    x = extreme_rows(512, rng)[:4]
+    y = avx2_product(kind, x, pack(kind, raw, 512)).double()
+    ref = int8_reference(x, raw, 512, kind)
+    assert torch.allclose(y, ref, rtol=0, atol=1e-5 * float(ref.abs().max()) + 1e-6)
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind in ("Q4_K", "Q6_K", "Q5_0", "Q8_0") for n, k in SHAPES])
+def test_the_avx2_build_gives_the_vnni_builds_bits(kind, n, k):
+    """The same numbers by construction (exact integers, then the same float operations in the same order): so
+    int4w takes the vnni build's quality figures on an AVX2 CPU."""
+    rng = np.random.default_rng(n + k + 3)
+    blocks = pack(kind, random_blocks(kind, n, k, rng), k)
+    x = extreme_rows(k, rng)
+    assert torch.equal(avx2_product(kind, x, blocks), vnni_product(kind, x, blocks))
