@@ -211,6 +211,8 @@ def int4w_candidate(model_name: str) -> bool:
     the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
     from .int4weight import kernel_name, weight_int4_exact
 
+    if all(model_name not in figures for figures in (INT4W_QUALITY, INT4W_AMX_QUALITY, INT4W_VNNI_QUALITY)):
+        return False  # no figure under any build: nothing to compile (kernel_name builds this CPU's kernel)
     name = kernel_name()
     if name.startswith(("vnni", "avx2")):  # other numerics (the avx2 build's are vnni's): their own figures only
         loss = INT4W_VNNI_QUALITY.get(model_name)

@@ -376,7 +376,8 @@ def test_int8w_is_refused_where_its_kernel_is_not_batch_invariant(tiny, monkeypa
     assert not precision.int8w_candidate(tiny.name)
 
 
-@pytest.mark.parametrize("kernel,expected", [("vnni-abc", False), ("avx512-abc", True), ("amx-abc", True)])
+@pytest.mark.parametrize("kernel,expected", [("vnni-abc", False), ("avx2-abc", False), ("avx512-abc", True),
+                                             ("amx-abc", True)])
 def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monkeypatch, kernel, expected):
     """The vnni build rounds activations to int8: a model int4w may run elsewhere is a candidate there only by
     its own measured figure (here a loss past the bound), whatever the bf16 builds' figures say."""
@@ -388,4 +389,19 @@ def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monke
     monkeypatch.setitem(precision.INT4W_VNNI_QUALITY, "m", -(precision.INT8_MAX_LOSS + 1.0))
     assert precision.int4w_candidate("m") is expected
     monkeypatch.delitem(precision.INT4W_VNNI_QUALITY, "m")
-    assert precision.int4w_candidate("m") is (expected and not kernel.startswith("vnni"))
+    assert precision.int4w_candidate("m") is (expected and not kernel.startswith(("vnni", "avx2")))
+
+
+def test_a_model_without_int4w_figures_builds_no_kernel(monkeypatch):
+    """A model int4w was never measured for is no candidate, known without compiling this CPU's 4-bit kernel
+    (a minute on a 2-core AVX2 EPYC, in every daemon with a cache of its own)."""
+    from rest_lsp.model import int4weight, precision
+
+    def refuse():
+        raise AssertionError("the kernel was asked for")
+
+    monkeypatch.setattr(int4weight, "kernel_name", refuse)
+    assert precision.int4w_candidate("a model nobody measured") is False
+    monkeypatch.setitem(precision.INT4W_VNNI_QUALITY, "m", +1.0)
+    with pytest.raises(AssertionError, match="asked for"):
+        precision.int4w_candidate("m")
