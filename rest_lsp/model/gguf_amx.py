@@ -1,5 +1,6 @@
 """A GGUF's Q4_K, Q6_K, Q5_0 and Q8_0 blocks multiplied on AMX tiles, or on AVX512-BF16 dot products where the CPU
-has no AMX: int4w's products on such CPUs, one compiled source (kernels/gguf_amx.cpp) built per `variant()`.
+has no AMX: int4w's products on such CPUs, one compiled source (kernels/gguf_amx.cpp) built per `variant()`, and
+on a CPU with AVX2 but not AVX512-BF16 the `vnni` build's numbers from AVX2's instructions (kernels/gguf_avx2.cpp).
 
     kernel() -> the compiled module, or None where the CPU, the compiler or the OS refuses (logged once)
     build(kind) -> one build ("amx", "avx512", "vnni", "avx2"), whichever the process runs
@@ -62,14 +63,15 @@ VARIANT_FLAGS = {"amx": AVX512 + ["-mamx-tile", "-mamx-bf16"], "avx512": AVX512 
                  # no contraction the vnni build does not make: its bits are this build's too
                  "avx2": ["-mavx2", "-mfma", "-ffp-contract=off"]}
 
-
-def sources(kind: str) -> list[str]:
-    return [str(AVX2_SOURCE if kind == "avx2" else SOURCE), str(LAYER_SOURCE)]
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256
 Q4K_BYTES = 144
 Q6K_BYTES = 210  # ql[128] (low four bits), qh[64] (top two), 16 int8 scales, d (fp16)
 Q5_0_BYTES, Q8_0_BYTES = 22, 34  # per 32 weights: d (fp16), qh[4] and qs[16]; d (fp16) and qs[32]
+
+
+def sources(kind: str) -> list[str]:
+    return [str(AVX2_SOURCE if kind == "avx2" else SOURCE), str(LAYER_SOURCE)]
 
 
 class QBlocks(NamedTuple):
@@ -318,7 +320,7 @@ def kernel() -> Any | None:
 @functools.cache
 def build(kind: str) -> Any | None:
     """The build `kind` ("amx", "avx512", "vnni", "avx2"): built once per source, variant and torch version under the
-    cache directory (about 20 s on 2 cores), then loaded; None where the compiler or the OS refuses. A process
+    cache directory (about 20 s on 2 AVX-512 cores, 56 s on the 2-core AVX2 EPYC), then loaded; None where the compiler or the OS refuses. A process
     multiplies with kernel()'s only; tests build another to check it."""
     from torch.utils.cpp_extension import load
 
