@@ -62,6 +62,7 @@ VARIANT_FLAGS = {"amx": AVX512 + ["-mamx-tile", "-mamx-bf16"], "avx512": AVX512 
                  "vnni": AVX512 + ["-DREST_AVX512", "-DREST_VNNI", "-mavx512vnni"],
                  # no contraction the vnni build does not make: its bits are this build's too
                  "avx2": ["-mavx2", "-mfma", "-ffp-contract=off"]}
+INT8_ACTIVATIONS = ("vnni", "avx2")  # the builds that round activations to int8 (one numerics: their own figures)
 
 COLUMNS = 16  # a column block: one tile's width in fp32
 SUPER = 256

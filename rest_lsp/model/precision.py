@@ -209,12 +209,13 @@ def int8w_candidate(model_name: str) -> bool:
 def int4w_candidate(model_name: str) -> bool:
     """int4w may be chosen for this model: its measured quality loss against fp32 is within INT8_MAX_LOSS, and
     the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
+    from . import gguf_amx
     from .int4weight import kernel_name, weight_int4_exact
 
     if all(model_name not in figures for figures in (INT4W_QUALITY, INT4W_AMX_QUALITY, INT4W_VNNI_QUALITY)):
         return False  # no figure under any build: nothing to compile (kernel_name builds this CPU's kernel)
     name = kernel_name()
-    if name.startswith(("vnni", "avx2")):  # other numerics (the avx2 build's are vnni's): their own figures only
+    if name.startswith(gguf_amx.INT8_ACTIVATIONS):  # other numerics (the avx2 build's are vnni's): their own figures
         loss = INT4W_VNNI_QUALITY.get(model_name)
     else:
         loss = INT4W_QUALITY.get(model_name)

@@ -63,7 +63,7 @@ def test_every_formats_products_are_ggufs_weights_times_the_bf16_activations(kin
     x = torch.from_numpy(rng.standard_normal((7, k)).astype(np.float32))
     y = gguf_amx.matmul(x, pack(kind, raw, k))
     # this process's build: the vnni build takes int8 activations (its own tests below)
-    expected = int8_reference if gguf_amx.variant() in ("vnni", "avx2") else reference
+    expected = int8_reference if gguf_amx.variant() in gguf_amx.INT8_ACTIVATIONS else reference
     ref = expected(x, raw, k, kind)
     # fp32 sums of exact products (128 + q, 144 or 160 taken off again): a few fp32 roundings, no more
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
@@ -175,9 +175,14 @@ VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}
 needs_vnni = pytest.mark.skipif(not VNNI_FLAGS <= gguf_amx.cpu_flags(), reason="no AVX512-VNNI here")
 
 
-def vnni_product(kind: str, x: torch.Tensor, blocks):
+def build_product(build: str, x: torch.Tensor, blocks):
+    """The product of `build` (a build other than this process's, for comparing them)."""
     code, tensors = gguf_amx.format_code(blocks)
-    return getattr(gguf_amx.build("vnni"), ("q4k_amx_mm", "q6k_amx_mm", "q5_0_amx_mm", "q8_0_amx_mm")[code])(x, *tensors)
+    return getattr(gguf_amx.build(build), ("q4k_amx_mm", "q6k_amx_mm", "q5_0_amx_mm", "q8_0_amx_mm")[code])(x, *tensors)
+
+
+def vnni_product(kind: str, x: torch.Tensor, blocks):
+    return build_product("vnni", x, blocks)
 
 
 def int8_reference(x: torch.Tensor, raw: np.ndarray, k: int, kind: str) -> torch.Tensor:
@@ -228,8 +233,7 @@ needs_avx2 = pytest.mark.skipif(not {"avx2", "fma"} <= gguf_amx.cpu_flags(), rea
 
 
 def avx2_product(kind: str, x: torch.Tensor, blocks):
-    code, tensors = gguf_amx.format_code(blocks)
-    return getattr(gguf_amx.build("avx2"), ("q4k_amx_mm", "q6k_amx_mm", "q5_0_amx_mm", "q8_0_amx_mm")[code])(x, *tensors)
+    return build_product("avx2", x, blocks)
 
 
 @needs_avx2
