@@ -117,6 +117,9 @@ class Run:
     forwards: int = 0  # model forwards spent on this run (prefill chunks included)
     computed: int = 0  # prompt tokens its prefill forwards computed (the rest came from earlier work)
     interrupted: int = 0  # forwards stopped between layers (`advance`'s interrupt): no tokens, nothing kept
+    # its prompt holds text nobody typed (a prediction as if a suggestion were taken): a key that makes the run moot
+    # makes its prompt moot too, so its prompt's forwards are interrupted like a decoding step's
+    speculative: bool = False
 
     _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     _n_ids: int = 0
@@ -238,8 +241,9 @@ class Engine:
         return run.result
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig, *, key: str | None = None,
-              chunk: int | None = None) -> Run:
-        """A run for this prompt; nothing is computed until `advance`."""
+              chunk: int | None = None, speculative: bool = False) -> Run:
+        """A run for this prompt; nothing is computed until `advance`. `speculative`: the prompt is a guess
+        (`Run.speculative`), its forwards interruptible too."""
         _check_config(config)
         prompt = self._fit_context(list(prompt_ids), config.max_new_tokens)
         rng = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
@@ -248,7 +252,7 @@ class Engine:
         if config.forced_text and self.tokenizer is None:
             raise ValueError("forced_text needs a tokenizer")
         return Run(prompt, config, key, result, stops, rng, chunk=max(1, chunk or self.prefill_chunk),
-                   forced=config.forced_text)
+                   forced=config.forced_text, speculative=speculative)
 
     def advance(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         """One model forward for this run; returns the tokens it decided (none for a prefill chunk that is
@@ -258,12 +262,15 @@ class Engine:
         returns no tokens, the run and the cache as before it (the same step runs again if the run is advanced
         again). A prompt's forwards (prefill chunks, the first step) run to their end: the next key's prompt
         extends this one, so what they compute (its KV, the kept row of its last token) is what it needs; a
-        decoding step computes the stale output past the place the key contradicts, which it does not."""
+        decoding step computes the stale output past the place the key contradicts, which it does not. Except a
+        speculative run's: its prompt holds a suggestion as if taken, which the key contradicts."""
         with self._lock:
             if run.done:
                 return []
             try:
-                return self._decode_step(run, interrupt) if run.prefilled else self._prefill_step(run)
+                if run.prefilled:
+                    return self._decode_step(run, interrupt)
+                return self._prefill_step(run, interrupt if run.speculative else None)
             except Interrupted:  # raised inside the step's forward, before anything of the step was kept
                 run.interrupted += 1
                 return []
@@ -271,13 +278,13 @@ class Engine:
                 self.reset_cache()  # a forward that failed midway leaves the cache in an unknown state
                 raise
 
-    def _interruptible_forward(self, tensors: tuple, interrupt: Callable[[], bool] | None) -> torch.Tensor:
+    def _interruptible_forward(self, tensors: tuple, interrupt: Callable[[], bool] | None, **kw) -> torch.Tensor:
         """The verifier's forward of `tensors`, polling `interrupt` between its layers where the verifier can."""
         if interrupt is None or not hasattr(self.verifier, "interrupt"):
-            return self.verifier.forward(*tensors)
+            return self.verifier.forward(*tensors, **kw)
         self.verifier.interrupt = interrupt
         try:
-            return self.verifier.forward(*tensors)
+            return self.verifier.forward(*tensors, **kw)
         finally:
             self.verifier.interrupt = None
 
@@ -289,7 +296,7 @@ class Engine:
                     run.stops.check(run.out, None)  # the cut of what is decided
                 self._finish(run, reason)
 
-    def _prefill_step(self, run: Run) -> list[int]:
+    def _prefill_step(self, run: Run, interrupt: Callable[[], bool] | None = None) -> list[int]:
         t0 = time.perf_counter()
         if run.forwards == 0 and self.drafter and run.config.draft_budget is None:
             self.cost_model()  # calibrate before the cache holds anything worth keeping
@@ -300,8 +307,8 @@ class Engine:
         if run.forwards == 0:  # the last token is computed again unless its logits were kept
             run.result.reused_tokens = n if whole or known else min(n, len(run.prompt) - 1)
         if not (whole or known) and self._first_step_fits(run, n):
-            return self._first_step(run, n, t0)
-        logits = None if known else self._logits if whole else self._fill(run.prompt, n, run)
+            return self._first_step(run, n, t0, interrupt)
+        logits = None if known else self._logits if whole else self._fill(run.prompt, n, run, interrupt)
         run.result.prefill_s += time.perf_counter() - t0
         if known:  # the kept row's argmax, or its pick among the tokens agreeing with the forced text
             argmax, scorer = known
@@ -331,7 +338,7 @@ class Engine:
             min(FIRST_STEP_TOKENS, run.chunk, self.max_rows - 1)  # room for a node beside the missing rows
         return cfg.temperature <= 0 and cfg.max_new_tokens > 0 and missing <= most
 
-    def _first_step(self, run: Run, n: int, t0: float) -> list[int]:
+    def _first_step(self, run: Run, n: int, t0: float, interrupt: Callable[[], bool] | None = None) -> list[int]:
         """One forward: the prompt's missing tokens as a chain, then the draft tree rooted at the prompt's last
         token, whose row gives the first new token (as a prefill's last row would, on the exact path). A key
         typed is answered after one forward instead of a prefill and then a step."""
@@ -355,9 +362,10 @@ class Engine:
         mask[:k, :k] = chain_mask(k, device)  # the chain's rows see what precedes them
         mask[k:, :k] = True  # the tree's rows the whole chain, then their ancestors
         mask[k:, k:] = tree_mask
-        logits = self.verifier.forward(torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
-                                       torch.cat([torch.arange(k, device=device), depths + k]), mask,
-                                       rows=range(k, q))  # [len(tree), V]: the tree's rows
+        logits = self._interruptible_forward(
+            (torch.cat([torch.tensor(chain, dtype=torch.long, device=device), tokens]),
+             torch.cat([torch.arange(k, device=device), depths + k]), mask),
+            interrupt, rows=range(k, q))  # [len(tree), V]: the tree's rows
         path, nxt = self._walk(tree, logits, run)
         self.verifier.keep(list(range(k)) + [k + i for i in path])
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
@@ -449,7 +457,8 @@ class Engine:
 
     # ---- the KV cache -----------------------------------------------------------------------------
 
-    def _fill(self, tokens: list[int], n: int, run: Run) -> torch.Tensor | None:
+    def _fill(self, tokens: list[int], n: int, run: Run, interrupt: Callable[[], bool] | None = None) \
+            -> torch.Tensor | None:
         """One forward appending tokens[n : n + run.chunk] to a cache holding tokens[:n]; the logits [V] after
         the last token when this completes `tokens`, else None."""
         if n == len(tokens):  # all cached, but not the last token's logits: compute that token again
@@ -458,9 +467,9 @@ class Engine:
         hi = min(len(tokens), n + run.chunk)
         q = hi - n
         device = self.verifier_device
-        out = self.verifier.forward(torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
-                                    torch.arange(q, device=device), chain_mask(q, device),
-                                    rows=[q - 1], prompt=True)  # only the last row's logits are used
+        out = self._interruptible_forward((torch.tensor(tokens[n:hi], dtype=torch.long, device=device),
+                                           torch.arange(q, device=device), chain_mask(q, device)),
+                                          interrupt, rows=[q - 1], prompt=True)  # only the last row's logits
         run.forwards += 1
         run.computed += q
         self._cached, self._logits, self._scorer = tokens[:hi], out[-1], self.verifier.row_scorer(len(out) - 1)

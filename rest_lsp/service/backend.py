@@ -189,8 +189,10 @@ class EngineBackend:
         """purpose: "warm" computes the prompt only (in small chunks, so a completion pre-empts it soon);
         "predict" decodes greedily past the cursor's line to the end of its block (what the next pauses show);
         "typing" is "predict" with the prompt in a warm-up's small chunks (started by a key, not a request);
-        "sample" is "predict" at a temperature (an Invoked request's alternatives). `repo`: the cross-file
-        block the prompt starts with (rest_lsp/service/crossfile.py); its snippets draft too."""
+        "ahead" is "predict" for a prompt holding a suggestion as if taken, whose forwards a key contradicting
+        it interrupts (engine `Run.speculative`); "sample" is "predict" at a temperature (an Invoked request's
+        alternatives). `repo`: the cross-file block the prompt starts with (rest_lsp/service/crossfile.py); its
+        snippets draft too."""
         from rest_lsp.engine.generate import GenerationConfig
 
         self.config_seen = config
@@ -210,8 +212,8 @@ class EngineBackend:
             stop_text=ctx.stop_text() if lines > 1 else None,
             stop_fn=partial(block_end_cut, block_indent=ctx.ahead_indent()) if lines > 1 else None,
             temperature=temperature, seed=seed, forced_text=parts.lead)
-        return CompletionRun(self.engine.start(prompt, gen, key=key, chunk=WARM_CHUNK if purpose == "typing" else None),
-                             parts.lead)
+        return CompletionRun(self.engine.start(prompt, gen, key=key, chunk=WARM_CHUNK if purpose == "typing" else None,
+                                               speculative=purpose == "ahead"), parts.lead)
 
     def set_snippets(self, key: str, repo: RepoContext | None) -> None:
         """The snippets a document's prompts hold, as the snippet source's buffer of that document."""

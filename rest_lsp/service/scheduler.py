@@ -136,8 +136,9 @@ class Scheduler:
         sel = self._block_of(uri)
         pred.context = sel
         repo = sel.repo if sel is not None else None
-        # a prediction started by a key computes its prompt in a warm-up's small chunks: a request pre-empts it
-        purpose = "typing" if origin == "typing" else "predict"
+        # a prediction started by a key computes its prompt in a warm-up's small chunks: a request pre-empts it;
+        # one ahead stops mid-prompt at a key that contradicts the suggestion its prompt holds
+        purpose = {"typing": "typing", "ahead": "ahead"}.get(origin, "predict")
 
         def predict(backend):
             run = backend.start(uri, ctx, cfg, purpose=purpose, anchor=anchor, repo=repo)

@@ -183,6 +183,33 @@ def test_an_interrupted_decoding_step_leaves_the_run_and_the_cache_and_runs_agai
     assert sum(run.result.accepted) > run.result.steps  # drafts were accepted: decoding steps with trees
 
 
+def test_a_speculative_runs_prompt_forwards_are_interrupted_too_and_keep_nothing():
+    """A prediction ahead's prompt holds a suggestion as if taken (`speculative`): a key contradicting it makes the
+    prompt moot, so its prefill chunks and its first step stop between layers as a decoding step does, the cache
+    and the run as before; advanced again without the interrupt, the run is plain greedy decoding's."""
+    from rest_lsp.model.verifiers import make_verifier
+
+    model = tiny_model("qwen2", 7)
+    prompt = random_prompt(72, 72)
+    ref = plain_greedy(model, prompt, 16)
+    engine = Engine(model, [(ContextSource(), 1.0)], verifier=make_verifier(model, "packed", max_len=512),
+                    eos_token_ids=[])
+    run = engine.start(prompt, GenerationConfig(max_new_tokens=16, draft_budget=4), chunk=16, speculative=True)
+    prompt_forwards = 0
+    while not run.prefilled:
+        cached, computed, polls = engine.cached_tokens, run.computed, []
+        assert engine.advance(run, interrupt=lambda: polls.append(1) or len(polls) > 1) == []
+        assert len(polls) == 2 and engine.cached_tokens == cached and run.computed == computed
+        assert not run.prefilled and run.interrupted == prompt_forwards + 1
+        engine.advance(run)
+        prompt_forwards += 1
+        assert engine.cached_tokens > cached
+    assert prompt_forwards == 5 and run.computed == len(prompt)  # 16 + 16 + 16 + 16, then the first step's 8
+    while not run.done:
+        engine.advance(run)
+    assert run.result.tokens == ref
+
+
 def test_a_runs_ids_follow_its_prompt_and_output():
     """`Run.ids` (what the drafter reads each step): prompt + out as int64, the buffer grown in place."""
     from rest_lsp.engine.generate import Run
