@@ -217,6 +217,7 @@ class Answering:
             texts += await self._alternatives(req.uri, ctx, texts, t0)
         if texts:
             pred.shown += 1
+            pred.shown_end = ctx.prefix + texts[0]
             self.scheduler.predict_ahead(pred)
         return texts
 

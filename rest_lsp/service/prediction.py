@@ -66,6 +66,7 @@ class Prediction:
         self.figures: dict = {}  # the run's tokens, steps, timings (for rest/stats)
         self.waiting = 0  # requests waiting on it now
         self.shown = 0  # answers given from it
+        self.shown_end: str | None = None  # the text before the cursor once the last answer shown is taken
         self._ahead = False  # a prediction as if its text were accepted was started
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []

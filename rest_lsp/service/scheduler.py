@@ -172,11 +172,14 @@ class Scheduler:
 
     def predict_ahead(self, pred: Prediction) -> None:
         """The continuation as if the shown suggestion were accepted (its text inserted at the cursor): once a
-        prediction has ended and been shown (called from both sides; the first call wins)."""
-        if not (self._settings().predict_ahead and pred.done and not pred.aborted and pred.text.strip()) \
-                or not pred.claim_ahead():
-            return
+        prediction has ended and been shown through its end (called from both sides; the first call wins). A
+        suggestion shown short of the prediction's end (its first line of several) gets none: taking it leaves
+        the cursor short of where that prediction would start, and the first key would stop it as stale
+        (`edited`), after its prompt's forwards (on the AVX2 EPYC none of 128 was shown, docs/daemon.md)."""
         text = pred.prefix + pred.text
+        if not (self._settings().predict_ahead and pred.done and not pred.aborted and pred.text.strip()) \
+                or not reaches(pred.shown_end, text) or not pred.claim_ahead():
+            return
         line = text.count("\n")
         column = len(text) - text.rfind("\n") - 1
         try:
@@ -216,3 +219,9 @@ class Scheduler:
         with self._anchors_lock:
             kept = self._anchors.get(uri)
         return kept.offset if kept is not None else None
+
+
+def reaches(taken: str | None, end: str) -> bool:
+    """Whether taking a suggestion (`taken`: the text before the cursor then) leaves the cursor at `end` but for
+    blanks still to type (the Enter after a line)."""
+    return taken is not None and end.startswith(taken) and not end[len(taken):].strip()

@@ -453,6 +453,33 @@ async def test_a_shown_suggestion_is_followed_by_a_prediction_as_if_it_were_acce
         svc.close()
 
 
+async def test_a_suggestion_shown_short_of_its_predictions_end_is_followed_by_no_prediction_ahead():
+    """The first line shown of a prediction that decoded two: taking it leaves the cursor short of where a
+    prediction ahead would start, and the first key would stop that one, so none is started."""
+    backend = FakeBackend(respond=lambda ctx: "compute()\ny = 2\n" if ctx.prefix == "x = " else "", step_s=0.0)
+    svc = make_service(backend, max_tokens=50)
+    try:
+        r = await svc.complete(req("file:///h.py", "x = "))
+        assert r.items[0].text == "compute()"
+        for _ in range(100):
+            if not svc.worker.jobs() and svc.predictions.of("file:///h.py")[0].done:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert backend.starts == [("predict", "x = ")]
+        assert svc.stats.snapshot()["totals"]["ahead_predictions"] == 0
+    finally:
+        svc.close()
+
+
+def test_a_suggestion_taken_reaches_the_end_of_its_prediction_but_for_blanks():
+    from rest_lsp.service.scheduler import reaches
+
+    assert reaches("x = compute()", "x = compute()\n") and reaches("x = f()", "x = f()")
+    assert not reaches("x = compute()", "x = compute()\ny = 2\n") and not reaches(None, "x = ")
+    assert not reaches("x = other()", "x = compute()\n")
+
+
 def test_answer_rules_single_and_multi_line():
     single = build_context("q = ", 0, 4)
     assert answer("foo(a, b", single, done=False, max_lines=8, partial=False) is None
