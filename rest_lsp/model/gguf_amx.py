@@ -318,6 +318,15 @@ def kernel() -> Any | None:
     return None if kind is None else build(kind)
 
 
+def build_dir(kind: str) -> Path:
+    """Where build `kind` is compiled and loaded from: one folder per source, since a daemon and a `rest-lsp
+    complete` of two versions would otherwise rebuild each other's module in place (ninja compares the source
+    it was given)."""
+    from restbase.storage import cache_root
+
+    return cache_root() / "kernels" / f"gguf_{kind}-{source_digest()}-torch{torch.__version__.replace('+', '_')}"
+
+
 @functools.cache
 def build(kind: str) -> Any | None:
     """The build `kind` ("amx", "avx512", "vnni", "avx2"): built once per source, variant and torch version under the
@@ -325,18 +334,22 @@ def build(kind: str) -> Any | None:
     multiplies with kernel()'s only; tests build another to check it."""
     from torch.utils.cpp_extension import load
 
-    from restbase.storage import cache_root
+    from restbase.storage import file_lock
 
-    # one folder per source: a daemon and a `rest-lsp complete` of two versions would otherwise rebuild each
-    # other's module in place (ninja compares the source it was given)
-    build = cache_root() / "kernels" / f"gguf_{kind}-{source_digest()}-torch{torch.__version__.replace('+', '_')}"
+    build = build_dir(kind)
     build.mkdir(parents=True, exist_ok=True)
     # the compiler runs ninja; a venv's own (the `ninja` requirement) when the venv is not on PATH
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
     try:
-        mod = load(name=f"rest_lsp_gguf_{kind}", sources=sources(kind), extra_cflags=FLAGS + VARIANT_FLAGS[kind],
-                   extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+        # torch's own lock is a file its holder deletes: one killed while loading (a daemon closed with its
+        # editor) leaves it, and every later load waits for it forever. Under a lock that dies with its holder,
+        # no live load of ours holds torch's, so a file there is such a leftover.
+        with file_lock(build / "load.lock"):
+            (build / "lock").unlink(missing_ok=True)
+            mod = load(name=f"rest_lsp_gguf_{kind}", sources=sources(kind),
+                       extra_cflags=FLAGS + VARIANT_FLAGS[kind], extra_ldflags=["-fopenmp"],
+                       build_directory=str(build), verbose=False)
         if not mod.q4k_amx_ready():
             raise RuntimeError("the OS refused AMX tile state")
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, an assembler without AMX: torch's product

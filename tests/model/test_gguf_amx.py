@@ -139,6 +139,21 @@ def test_bad_shapes_are_refused():
         gguf_amx.pack_q6k(np.zeros((16, 210), np.uint8), 512)
 
 
+def test_a_lock_left_by_a_load_killed_midway_does_not_stop_the_next_one():
+    """torch's lock file, as a daemon killed while loading the kernel leaves it: the next load goes on (torch's
+    own would wait for the file to go, forever)."""
+    import threading
+
+    kind = gguf_amx.variant()
+    (gguf_amx.build_dir(kind) / "lock").touch()
+    loaded = []
+    t = threading.Thread(target=lambda: loaded.append(gguf_amx.build.__wrapped__(kind)), daemon=True)
+    t.start()
+    t.join(300)
+    assert loaded and loaded[0] is not None
+    assert not (gguf_amx.build_dir(kind) / "lock").exists()
+
+
 @pytest.mark.parametrize("flags,asked,expected", [
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "auto", "amx"),
     ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "avx512"),
