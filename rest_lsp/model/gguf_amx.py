@@ -330,8 +330,8 @@ def build_dir(kind: str) -> Path:
 @functools.cache
 def build(kind: str) -> Any | None:
     """The build `kind` ("amx", "avx512", "vnni", "avx2"): built once per source, variant and torch version under the
-    cache directory (about 20 s on 2 AVX-512 cores, 56 s on the 2-core AVX2 EPYC), then loaded; None where the compiler or the OS refuses. A process
-    multiplies with kernel()'s only; tests build another to check it."""
+    cache directory (about 20 s on 2 AVX-512 cores, 56 s on the 2-core AVX2 EPYC), then loaded; None where the
+    compiler or the OS refuses. A process multiplies with kernel()'s only; tests build another to check it."""
     from torch.utils.cpp_extension import load
 
     from restbase.storage import file_lock

@@ -381,7 +381,7 @@ def test_int8w_is_refused_where_its_kernel_is_not_batch_invariant(tiny, monkeypa
 def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monkeypatch, kernel, expected):
     """The vnni build rounds activations to int8: a model int4w may run elsewhere is a candidate there only by
     its own measured figure (here a loss past the bound), whatever the bf16 builds' figures say."""
-    from rest_lsp.model import int4weight, precision
+    from rest_lsp.model import gguf_amx, int4weight, precision
 
     monkeypatch.setattr(int4weight, "kernel_name", lambda: kernel)
     monkeypatch.setattr(int4weight, "weight_int4_exact", lambda: True)
@@ -389,7 +389,7 @@ def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monke
     monkeypatch.setitem(precision.INT4W_VNNI_QUALITY, "m", -(precision.INT8_MAX_LOSS + 1.0))
     assert precision.int4w_candidate("m") is expected
     monkeypatch.delitem(precision.INT4W_VNNI_QUALITY, "m")
-    assert precision.int4w_candidate("m") is (expected and not kernel.startswith(("vnni", "avx2")))
+    assert precision.int4w_candidate("m") is (expected and not kernel.startswith(gguf_amx.INT8_ACTIVATIONS))
 
 
 def test_a_model_without_int4w_figures_builds_no_kernel(monkeypatch):
