@@ -135,7 +135,7 @@ class Scheduler:
     def predict(self, uri: str, ctx: CompletionContext, *, origin: str, priority: int) -> Prediction:
         pred = Prediction(uri, ctx, origin)
         cfg, stats = self._settings(), self.stats
-        anchor = self.anchor(uri, ctx, typed=origin != "ahead")
+        anchor = self.anchor(uri, ctx)
         sel = self._block_of(uri)
         pred.context = sel
         repo = sel.repo if sel is not None else None
@@ -203,20 +203,16 @@ class Scheduler:
             self.stop(pred, reason)
 
     # -- where a document's prompt middle starts ------------------------------------------------------
-    def anchor(self, uri: str, ctx: CompletionContext, typed: bool = True) -> int | None:
+    def anchor(self, uri: str, ctx: CompletionContext) -> int | None:
         """Where the document's prompt middle starts for this cursor (the same for a warm-up and the requests
-        after it: rest_lsp/service/layout.py `next_anchor`). Only a cursor where it was typed (`typed`) moves it:
-        one as if a suggestion were taken must not leave it below the cursor when the suggestion is not taken.
-        A move stops the layout computed for the next anchor (`move_anchor`)."""
+        after it: rest_lsp/service/layout.py `next_anchor`). A move stops the layout computed for the next
+        anchor (`move_anchor`)."""
         cfg = self._settings()
         if cfg.middle_lines <= 0:
             return None
         with self._anchors_lock:
-            previous = self._anchors.get(uri)
+            previous = self._anchors.pop(uri, None)
             anchor = next_anchor(ctx, previous, cfg.middle_lines, MIDDLE_CHARS)
-            if not typed:
-                return anchor.offset
-            self._anchors.pop(uri, None)
             self._anchors[uri] = anchor
             while len(self._anchors) > ANCHORS_KEPT:
                 self._anchors.popitem(last=False)

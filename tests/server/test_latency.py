@@ -346,23 +346,6 @@ async def test_a_next_layout_not_computed_before_the_anchor_moves_is_stopped_and
         svc.close()
 
 
-async def test_a_prediction_ahead_does_not_move_the_documents_anchor():
-    backend = FakeBackend(respond=lambda ctx: "x = 1\ny = 2\n" if ctx.line == 1 else "", step_s=0.0)
-    svc = make_service(backend, max_tokens=50, max_lines=2, middle_lines=2)
-    uri = "file:///h.py"
-    try:
-        r = await svc.complete(req(uri, "import os\n", 1, 0))  # the anchor: line 1
-        assert r.items[0].text == "x = 1\ny = 2"
-        await idle(svc)
-        # as if taken, the cursor is two lines below: that prompt's middle starts at its own line ...
-        assert [a for p, a in backend.anchors if p == "ahead"] == [len("import os\nx = 1\ny = 2\n")]
-        svc.document_changed(uri, "import os\nx = 1\nq", 2, 1)  # ... but the person typed another line 2:
-        await idle(svc)                                          # the middle still starts at line 1
-        assert backend.anchors[-1] == ("typing", len("import os\n"))
-    finally:
-        svc.close()
-
-
 @pytest.mark.parametrize("typing", [True, False])
 async def test_a_prediction_that_covers_the_cursor_needs_no_warm_up(typing):
     backend = FakeBackend(respond=lambda ctx: "bcdef\n", step_s=0.0)
