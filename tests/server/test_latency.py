@@ -346,6 +346,30 @@ async def test_a_next_layout_not_computed_before_the_anchor_moves_is_stopped_and
         svc.close()
 
 
+@pytest.mark.parametrize("taken", [False, True])
+async def test_an_anchor_a_prediction_ahead_moved_to_waits_until_typing_reaches_it(taken):
+    backend = FakeBackend(respond=lambda ctx: "x = 1\ny = 2\n" if ctx.line == 1 else "", step_s=0.0)
+    svc = make_service(backend, max_tokens=50, max_lines=2, middle_lines=2)
+    uri = "file:///h.py"
+    try:
+        r = await svc.complete(req(uri, "import os\n", 1, 0))  # the anchor: line 1
+        assert r.items[0].text == "x = 1\ny = 2"
+        await idle(svc)
+        # as if taken, the cursor is two lines below: that prompt's middle starts at its own line
+        at_ahead = len("import os\nx = 1\ny = 2\n")
+        assert [a for p, a in backend.anchors if p == "ahead"] == [at_ahead]
+        if taken:  # the suggestion taken, and typing goes on below it: the ahead's layout (line 1's middle is
+            svc.document_changed(uri, "import os\nx = 1\ny = 2\nq = 3\nr", 4, 1)  # full: it would move to line 4)
+            await idle(svc)
+            assert backend.anchors[-1] == ("typing", at_ahead)
+        else:  # another line 2 typed: the middle still starts at line 1, not at a line below the cursor
+            svc.document_changed(uri, "import os\nx = 1\nq", 2, 1)
+            await idle(svc)
+            assert backend.anchors[-1] == ("typing", len("import os\n"))
+    finally:
+        svc.close()
+
+
 @pytest.mark.parametrize("typing", [True, False])
 async def test_a_prediction_that_covers_the_cursor_needs_no_warm_up(typing):
     backend = FakeBackend(respond=lambda ctx: "bcdef\n", step_s=0.0)
