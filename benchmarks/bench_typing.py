@@ -496,15 +496,13 @@ async def finish_method(run: MethodRun) -> dict:
             "draft_nodes", "forward_ms", "retrieval_ms", "prefill_ms", "interrupted_forwards",
             "prompt_tokens", "reused_prompt_tokens", "computed_prompt_tokens", "accepted_sources",
             "cursor_notifications", "ready_notices",
-            "context_selections", "context_select_ms", "context_warm_tokens", "anchor_moves", "anchor_warm_tokens")},
+            "context_selections", "context_select_ms", "context_warm_tokens")},
         # what keystrokes cost the model in prompt: the tokens the runs' prefills computed (a run stopped
-        # mid-prompt leaves the rest to the next), the warm-ups', and the new cross-file blocks' and the next
-        # anchors' layouts computed in the background, per key typed; and the runs' prompt tokens not found in a
-        # KV cache when they started
+        # mid-prompt leaves the rest to the next), the warm-ups', and the new cross-file blocks' computed in the
+        # background, per key typed; and the runs' prompt tokens not found in a KV cache when they started
         "prompt_tokens_computed_per_key": None if isinstance(run.server, LlamaServer) else round(
             ((st["totals"].get("computed_prompt_tokens") or 0)
-             + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0)
-             + (st["totals"].get("anchor_warm_tokens") or 0))
+             + (st["totals"].get("warm_tokens") or 0) + (st["totals"].get("context_warm_tokens") or 0))
             / max(1, tally["typed"]), 1),
         "prompt_tokens_missed_per_key": None if isinstance(run.server, LlamaServer) else round(
             ((st["totals"].get("prompt_tokens") or 0) - (st["totals"].get("reused_prompt_tokens") or 0))
@@ -751,8 +749,7 @@ def table(report: dict) -> str:
             cf = r.get("cross_file") or {}
             out.append(f"{m}: {r['prompt_tokens_computed_per_key']} prompt tokens computed per key typed "
                        f"({sv.get('context_warm_tokens') or 0} for {cf.get('promoted') or 0} new cross-file blocks of "
-                       f"{cf.get('offered') or 0} offered, and {sv.get('anchor_warm_tokens') or 0} for "
-                       f"{sv.get('anchor_moves') or 0} anchors moved, in the background; {sv.get('context_selections') or 0} "
+                       f"{cf.get('offered') or 0} offered, in the background; {sv.get('context_selections') or 0} "
                        f"selections in {sv.get('context_select_ms') or 0} ms, {cf.get('unchanged') or 0} unchanged, {cf.get('kept') or 0} kept: no new definition; "
                        f"runs' prompt tokens not in a cache when they started: {r.get('prompt_tokens_missed_per_key')} "
                        f"per key); accepted per source {sv.get('accepted_sources')}")

@@ -18,9 +18,7 @@ computed again (several ms per token on a CPU). The layouts differ in what a key
 The prefix window starts at a stable line boundary (rest_lsp/service/prompt.py), so the start of the prompt
 stays put while the user types. In the line layout the middle may also start some lines above the cursor (an
 `Anchor`, kept per document while the person types below it): a new line then only appends to the middle,
-and the suffix window is not computed again at every Enter. Once the middle is three quarters full (`filling`)
-the layout at the cursor's line is computed in the background and becomes the anchor when done
-(rest_lsp/service/scheduler.py), so no keystroke computes the suffix window again either. `auto` picks the family's cache-friendly layout
+and the suffix window is not computed again at every Enter. `auto` picks the family's cache-friendly layout
 (docs/daemon.md: its quality against psm, and an anchored middle's against the cursor line alone, were
 measured before it became the default: benchmarks/bench_layout.py).
 """
@@ -99,21 +97,7 @@ def next_anchor(ctx: CompletionContext, previous: Anchor | None, max_lines: int,
             and ctx.prefix.count("\n", previous.offset, line_start) < max_lines \
             and len(ctx.prefix) - previous.offset <= max_chars:
         return previous
-    return line_anchor(ctx)
-
-
-def line_anchor(ctx: CompletionContext) -> Anchor:
-    """The anchor at the start of the cursor's line."""
-    line_start = ctx.prefix.rfind("\n") + 1
     return Anchor(line_start, ctx.prefix[max(0, line_start - 64):line_start])
-
-
-def filling(ctx: CompletionContext, anchor: Anchor, max_lines: int, max_chars: int) -> bool:
-    """Whether the middle from `anchor` to the cursor has used three quarters of its room (`next_anchor`'s
-    limits): time to compute the layout that starts at the cursor's line, before typing needs it."""
-    line_start = ctx.prefix.rfind("\n") + 1
-    return anchor.offset <= line_start and (4 * ctx.prefix.count("\n", anchor.offset, line_start) >= 3 * max_lines
-                                            or 4 * (len(ctx.prefix) - anchor.offset) >= 3 * max_chars)
 
 
 def strip_lead(text: str, lead: str) -> str:

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from .config import ServerConfig
 from .crossfile import Selection
-from .layout import Anchor, filling, line_anchor, next_anchor
+from .layout import Anchor, next_anchor
 from .prediction import Prediction, PredictionStore
 from .prompt import CompletionContext, PositionError, build_context
 from .stats import Stats
@@ -44,8 +44,6 @@ class Scheduler:
         self.predictions = PredictionStore()
         self._anchors: OrderedDict[str, Anchor] = OrderedDict()  # where each document's prompt middle starts
         self._anchors_lock = threading.Lock()
-        self._ahead: dict[str, Anchor] = {}  # an anchor a prediction ahead moved to, until typing reaches it
-        self._moving: dict[str, Optional[Job]] = {}  # documents whose next anchor's layout is being computed
 
     # -- what an edit starts ------------------------------------------------------------------------
     def edited(self, uri: str, ctx: CompletionContext) -> None:
@@ -67,9 +65,8 @@ class Scheduler:
     def forget(self, uri: str) -> None:
         """The document closed: its predictions and warm-ups stop."""
         self.drop(self.predictions.forget(uri), "stale")
-        for kind in ("warm", "anchor"):
-            for job in self.worker.jobs(key=uri, kind=kind):
-                self.worker.stop(job, "stale")
+        for job in self.worker.jobs(key=uri, kind="warm"):
+            self.worker.stop(job, "stale")
 
     def warm(self, uri: str, ctx: CompletionContext) -> None:
         """Compute the prompt at the cursor (nothing decoded), at WARM priority; a newer warm-up replaces it."""
@@ -85,7 +82,6 @@ class Scheduler:
         warm = self._prompt_only(uri, ctx, self.anchor(uri, ctx), sel.repo if sel is not None else None, counted)
         stats.count("warmups")
         self.worker.submit(Job(uri, warm, kind="warm", priority=WARM))
-        self.move_anchor(uri, ctx)
 
     def warm_block(self, uri: str, ctx: CompletionContext, sel: Selection, promote: Callable[[], None],
                    withdraw: Callable[[], None]) -> None:
@@ -136,7 +132,7 @@ class Scheduler:
     def predict(self, uri: str, ctx: CompletionContext, *, origin: str, priority: int) -> Prediction:
         pred = Prediction(uri, ctx, origin)
         cfg, stats = self._settings(), self.stats
-        anchor = self.anchor(uri, ctx, typed=origin != "ahead")
+        anchor = self.anchor(uri, ctx)
         sel = self._block_of(uri)
         pred.context = sel
         repo = sel.repo if sel is not None else None
@@ -172,8 +168,6 @@ class Scheduler:
         self.drop(self.predictions.add(pred), "dropped")
         stats.count({"request": "predictions", "typing": "typing_predictions"}.get(origin, "ahead_predictions"))
         self.worker.submit(job)
-        if origin != "ahead":
-            self.move_anchor(uri, ctx)
         return pred
 
     def predict_ahead(self, pred: Prediction) -> None:
@@ -204,80 +198,18 @@ class Scheduler:
             self.stop(pred, reason)
 
     # -- where a document's prompt middle starts ------------------------------------------------------
-    def anchor(self, uri: str, ctx: CompletionContext, typed: bool = True) -> int | None:
+    def anchor(self, uri: str, ctx: CompletionContext) -> int | None:
         """Where the document's prompt middle starts for this cursor (the same for a warm-up and the requests
-        after it: rest_lsp/service/layout.py `next_anchor`). A cursor as if a suggestion were taken (not
-        `typed`) that moves it leaves the document's anchor as it is and its own aside: typing takes that one
-        once it reaches it (the suggestion was taken, and its prediction ahead computed that layout), and keeps
-        its own until then, where a move to a line below the cursor would move it again at the next key (on the
-        AVX2 EPYC typing hive.py: a prediction ahead moved it to line 28, and the key at line 22 computed a
-        new layout, docs/results/typing.md). A move stops the
-        layout computed for the next anchor (`move_anchor`)."""
+        after it: rest_lsp/service/layout.py `next_anchor`)."""
         cfg = self._settings()
         if cfg.middle_lines <= 0:
             return None
         with self._anchors_lock:
-            kept = previous = self._anchors.get(uri)
-            if not typed:
-                anchor = next_anchor(ctx, previous, cfg.middle_lines, MIDDLE_CHARS)
-                if anchor is not previous:
-                    self._ahead[uri] = anchor
-                return anchor.offset
-            aside = self._ahead.get(uri)
-            if aside is not None and next_anchor(ctx, aside, cfg.middle_lines, MIDDLE_CHARS) is aside:
-                previous = self._ahead.pop(uri)
-            anchor = next_anchor(ctx, previous, cfg.middle_lines, MIDDLE_CHARS)
-            self._anchors.pop(uri, None)
+            anchor = next_anchor(ctx, self._anchors.pop(uri, None), cfg.middle_lines, MIDDLE_CHARS)
             self._anchors[uri] = anchor
-            if len(self._ahead) > ANCHORS_KEPT:
-                self._ahead.pop(next(iter(self._ahead)))
             while len(self._anchors) > ANCHORS_KEPT:
                 self._anchors.popitem(last=False)
-            moot = self._moving.get(uri) if anchor is not kept else None
-        if moot is not None:
-            self.worker.stop(moot, "superseded")  # typing moved the anchor first
         return anchor.offset
-
-    def move_anchor(self, uri: str, ctx: CompletionContext) -> None:
-        """Where the middle from the document's anchor to this cursor is filling (layout.py `filling`): compute
-        the layout whose middle starts at the cursor's line behind everything else (AHEAD), and make it the
-        anchor once computed, if the anchor has not moved meanwhile. A full middle would otherwise move the
-        anchor on a keystroke's path, and that key's prediction would compute the suffix window and the middle
-        again (on the AVX2 EPYC 100-200 tokens, 1-3 s, every 12 lines or so: docs/results/typing.md). Called
-        after the key's own job is queued, so that the key never waits for it."""
-        cfg = self._settings()
-        if cfg.middle_lines <= 0:
-            return
-        with self._anchors_lock:
-            current = self._anchors.get(uri)
-            if current is None or uri in self._moving or \
-                    next_anchor(ctx, current, cfg.middle_lines, MIDDLE_CHARS) is not current or \
-                    not filling(ctx, current, cfg.middle_lines, MIDDLE_CHARS):
-                return
-            self._moving[uri] = None  # claimed: one layout at a time per document
-        new = line_anchor(ctx)
-        sel = self._block_of(uri)
-        stats = self.stats
-
-        def promote() -> None:
-            with self._anchors_lock:
-                if self._anchors.get(uri) is current:
-                    self._anchors[uri] = new
-                    stats.count("anchor_moves")
-
-        def done(_f) -> None:
-            with self._anchors_lock:
-                if self._moving.get(uri) is job:
-                    del self._moving[uri]
-
-        warm = self._prompt_only(uri, ctx, new.offset, sel.repo if sel is not None else None,
-                                 lambda f: stats.count("anchor_warm_tokens", f.get("computed_tokens", 0)),
-                                 then=promote)
-        job = Job(uri, warm, kind="anchor", priority=AHEAD)
-        with self._anchors_lock:
-            self._moving[uri] = job
-        job.future.add_done_callback(done)
-        self.worker.submit(job)
 
     def kept_anchor(self, uri: str) -> int | None:
         """The document's anchor as typing left it, read and not moved: a background job whose cursor typing

@@ -18,8 +18,7 @@ log = logging.getLogger(__name__)
 OUTCOMES = ("completed", "reused", "cache", "empty", "cancelled", "superseded", "dropped", "error", "skipped")
 SHOWN = ("completed", "reused", "cache")  # outcomes that carry a suggestion
 COUNTERS = ("predictions", "ahead_predictions", "typing_predictions", "warmups", "warm_tokens", "warm_forwards",
-            "cursor_notifications", "ready_notices", "context_selections", "context_select_ms", "context_warm_tokens",
-            "anchor_moves", "anchor_warm_tokens")
+            "cursor_notifications", "ready_notices", "context_selections", "context_select_ms", "context_warm_tokens")
 
 
 class Stats:

@@ -38,14 +38,12 @@ class FakeBackend:
         self.respond, self.step_s, self.prefill_steps = respond, step_s, prefill_steps
         self.forwards: list[tuple[str, str]] = []
         self.starts: list[tuple[str, str]] = []
-        self.anchors: list[tuple[str, int | None]] = []  # (purpose, where the prompt's middle starts) per start
         self.interrupted: list[tuple[str, str]] = []  # steps stopped midway by their interrupt
         self.lock = threading.Lock()
 
     def start(self, key, ctx, config, *, purpose="predict", temperature=0.0, seed=None, anchor=None, repo=None):
         with self.lock:
             self.starts.append((purpose, ctx.prefix))
-            self.anchors.append((purpose, anchor))
         text = self.respond(ctx) if purpose != "sample" else f"sampled {seed}"
         return FakeRun(key, text, purpose, self.prefill_steps, config.max_tokens)
 
@@ -280,92 +278,6 @@ async def test_a_completion_pre_empts_a_warm_up_at_its_next_forward_and_the_warm
         run = order[first_predict:first_predict + 13]
         assert run.count("predict") >= 12, order
         assert order.count("warm") == 10  # nothing the warm-up computed was lost
-    finally:
-        svc.close()
-
-
-async def idle(svc) -> None:
-    for _ in range(500):
-        if not svc.worker.jobs():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the worker is still busy: {svc.worker.jobs()}")
-
-
-def lines_typed(n: int, then: str = "") -> tuple[str, int, int]:
-    """The text with `n` lines typed and `then` on the next, and the cursor after it."""
-    text = "".join(f"v{i} = {i}\n" for i in range(n)) + then
-    return text, n, len(then)
-
-
-async def test_a_filling_middle_moves_its_anchor_once_the_next_layout_is_computed_in_a_pause():
-    backend = FakeBackend(respond=lambda ctx: "Q", step_s=0.0, prefill_steps=3)
-    svc = make_service(backend, max_tokens=5, middle_lines=4, predict_ahead=False)
-    uri = "file:///m.py"
-    try:
-        for n in range(1, 4):  # the anchor is set at line 1; lines 2 and 3 fill half of the 4-line middle
-            svc.document_changed(uri, *lines_typed(n))
-            await idle(svc)
-        assert {a for p, a in backend.anchors} == {len("v0 = 0\n")}
-        assert "warm" not in [p for p, _ in backend.anchors]
-        text, line, col = lines_typed(4)  # three quarters: the layout at line 4 is computed behind the key's
-        svc.document_changed(uri, text, line, col)
-        await idle(svc)
-        at_line_4 = len(text)
-        assert backend.anchors[-2:] == [("typing", len("v0 = 0\n")), ("warm", at_line_4)]
-        svc.document_changed(uri, *lines_typed(4, "w"))  # the next key's prompt starts its middle there,
-        await idle(svc)                                   # before the old middle is full
-        assert backend.anchors[-1] == ("typing", at_line_4)
-        totals = svc.stats.snapshot()["totals"]
-        assert totals["anchor_moves"] == 1
-        svc.document_changed(uri, *lines_typed(5))  # one line below the new anchor: nothing more to move
-        await idle(svc)
-        assert [p for p, _ in backend.anchors].count("warm") == 1
-    finally:
-        svc.close()
-
-
-async def test_a_next_layout_not_computed_before_the_anchor_moves_is_stopped_and_never_taken():
-    backend = FakeBackend(respond=lambda ctx: "Q", step_s=0.05, prefill_steps=3)
-    svc = make_service(backend, max_tokens=5, middle_lines=4, predict_ahead=False)
-    uri = "file:///m.py"
-    try:
-        for n in range(1, 4):
-            svc.document_changed(uri, *lines_typed(n))
-            await idle(svc)
-        # the background layout waits behind the key's prediction (0.2 s); an edit above the anchor moves it first
-        svc.document_changed(uri, *lines_typed(4))
-        edited = "# a comment\n" + lines_typed(4, "w")[0]
-        svc.document_changed(uri, edited, 5, 1)
-        await idle(svc)
-        assert ("warm", len(lines_typed(4)[0])) not in backend.anchors  # it never started, or ...
-        assert svc.stats.snapshot()["totals"]["anchor_moves"] == 0  # ... it never became the anchor
-        assert backend.anchors[-1] == ("typing", len(edited) - 1)  # the cursor's line: typing moved it there
-        assert svc.worker.counts.get("superseded", 0) >= 1
-    finally:
-        svc.close()
-
-
-@pytest.mark.parametrize("taken", [False, True])
-async def test_an_anchor_a_prediction_ahead_moved_to_waits_until_typing_reaches_it(taken):
-    backend = FakeBackend(respond=lambda ctx: "x = 1\ny = 2\n" if ctx.line == 1 else "", step_s=0.0)
-    svc = make_service(backend, max_tokens=50, max_lines=2, middle_lines=2)
-    uri = "file:///h.py"
-    try:
-        r = await svc.complete(req(uri, "import os\n", 1, 0))  # the anchor: line 1
-        assert r.items[0].text == "x = 1\ny = 2"
-        await idle(svc)
-        # as if taken, the cursor is two lines below: that prompt's middle starts at its own line
-        at_ahead = len("import os\nx = 1\ny = 2\n")
-        assert [a for p, a in backend.anchors if p == "ahead"] == [at_ahead]
-        if taken:  # the suggestion taken, and typing goes on below it: the ahead's layout (line 1's middle is
-            svc.document_changed(uri, "import os\nx = 1\ny = 2\nq = 3\nr", 4, 1)  # full: it would move to line 4)
-            await idle(svc)
-            assert backend.anchors[-1] == ("typing", at_ahead)
-        else:  # another line 2 typed: the middle still starts at line 1, not at a line below the cursor
-            svc.document_changed(uri, "import os\nx = 1\nq", 2, 1)
-            await idle(svc)
-            assert backend.anchors[-1] == ("typing", len("import os\n"))
     finally:
         svc.close()
 

@@ -105,22 +105,6 @@ def test_an_anchor_keeps_the_lines_typed_below_it_in_the_middle():
     assert next_anchor(edited, a, max_lines=3, max_chars=1000) != a  # the text before it changed
 
 
-def test_a_middle_is_filling_at_three_quarters_of_its_lines_or_characters():
-    from rest_lsp.service.layout import filling, line_anchor
-
-    def ctx_at(prefix):
-        return build_context(prefix + AFTER, prefix.count("\n"), len(prefix) - prefix.rfind("\n") - 1)
-
-    start = ctx_at(BODY + "        x")
-    a = line_anchor(start)
-    assert a.offset == len(BODY)
-    two, three = ctx_at(BODY + "        x\n        y\n        z"), ctx_at(BODY + "x\ny\nz\nw")
-    assert not filling(two, a, max_lines=4, max_chars=1000) and filling(three, a, max_lines=4, max_chars=1000)
-    long_line = ctx_at(BODY + "        x = " + "1 + " * 200)  # no new line, 800 characters past the anchor
-    assert not filling(long_line, a, max_lines=4, max_chars=1100) and filling(long_line, a, max_lines=4, max_chars=1000)
-    assert not filling(ctx_at(BODY[:-20]), a, max_lines=4, max_chars=1000)  # the cursor above the anchor
-
-
 def test_spm_puts_the_suffix_first_and_heals_the_end_of_the_text_before_the_cursor():
     p = parts_at("        return da", "spm")
     assert p.order == "spm" and p.suffix == AFTER
