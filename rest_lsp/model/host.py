@@ -277,10 +277,11 @@ def _load_tokenizer(location, kind: str):
 QUANTIZED = ("int8", "int8w", "int4w")  # precisions that replace the linear layers (activations fp32)
 
 
-def quantize(model, precision: str, gguf: Path | None = None):
+def quantize(model, precision: str, gguf: Path | None = None, name: str | None = None):
     """The decoder's linear layers and the LM head replaced in place: per-row W8A8 for "int8"
     (rest_lsp/model/int8row.py), weight-only int8 for "int8w" (rest_lsp/model/int8weight.py), the GGUF's
-    Q4_K blocks for "int4w" (rest_lsp/model/int4weight.py)."""
+    Q4_K blocks for "int4w" (rest_lsp/model/int4weight.py). `name`: the model's (LoadedModel.name), which
+    decides whether int4w keeps float layers for prompt chunks (int4weight.prompts_on_kernel)."""
     from .int4weight import quantize_from_gguf
     from .int8row import quantize_model
     from .int8weight import quantize_weights
@@ -289,10 +290,13 @@ def quantize(model, precision: str, gguf: Path | None = None):
         if precision == "int4w":
             if gguf is None:
                 raise ValueError("it reads a GGUF's 4-bit blocks, and this model was not loaded from a GGUF")
+            from .int4weight import prompts_on_kernel
             from .probes import cpu_has_bf16
 
-            # prompt chunks on the float layers: bf16 where the CPU multiplies it natively (2.4x fp32's speed)
-            quantize_from_gguf(model, gguf, torch.bfloat16 if cpu_has_bf16() else torch.float32)
+            # prompt chunks on the float layers: bf16 where the CPU multiplies it natively (2.4x fp32's speed);
+            # none where the kernel's rows cost less than fp32's (the avx2 build, for the models measured so)
+            quantize_from_gguf(model, gguf, None if prompts_on_kernel(name)
+                               else torch.bfloat16 if cpu_has_bf16() else torch.float32)
             return model
         return (quantize_model if precision == "int8" else quantize_weights)(model)
     except (RuntimeError, ValueError) as e:
@@ -336,13 +340,6 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
     model.eval()
     model.requires_grad_(False)
     gguf = gguf_source(spec, kind)
-    if prec in QUANTIZED:
-        model = quantize(model, prec, gguf)
-    else:
-        model.to(dev)
-    if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
-        model.generation_config.pad_token_id = tokenizer.eos_token_id
-    fim_format = resolve_fim(fim, tokenizer)
     embedded = embedded_model(spec) if kind == "embedded" else None
     if embedded is not None:
         name = embedded.title
@@ -350,6 +347,13 @@ def load_model(spec: str | os.PathLike | None = None, *, device: str = "auto", p
         name = str(location)
     else:
         name = Path(os.fspath(spec)).expanduser().name or str(location)
+    if prec in QUANTIZED:
+        model = quantize(model, prec, gguf, name)
+    else:
+        model.to(dev)
+    if getattr(model.generation_config, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
+        model.generation_config.pad_token_id = tokenizer.eos_token_id
+    fim_format = resolve_fim(fim, tokenizer)
     return LoadedModel(
         model=model, tokenizer=tokenizer, device=dev, dtype=_DTYPES[prec], precision=prec, name=name,
         fim=fim_format, path=None if kind == "hub" else Path(location),

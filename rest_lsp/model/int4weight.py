@@ -32,7 +32,8 @@ AMX: 18.0 -> 3.5 s; docs/cpu.md).
 Like int8w: each output element is one dot product whose order depends on neither the number of rows nor the
 other columns in the call (`weight_int4_exact` checks it on this CPU), so a draft tree's row rounds as it does
 alone and REST over this model emits what its plain greedy decoding emits. Calls of more than MAX_ROWS rows
-(prompt chunks) take the float layer (`wide`, bf16 where the CPU multiplies it natively), and the engine keeps
+(prompt chunks) take the float layer (`wide`, bf16 where the CPU multiplies it natively; none on the avx2 build
+for the models INT4W_AVX2_QUALITY lists, whose prompts are cheaper on the kernel), and the engine keeps
 draft trees within MAX_ROWS rows for a model that holds these layers (rest_lsp/engine/generate.py), so that
 every verification and every decoding step runs the quantized product.
 """
@@ -237,6 +238,22 @@ def fuse_weight_only(*mods, wide: torch.nn.Module | None = None) -> torch.nn.Mod
     return Parts(mods, wide)
 
 
+# Where the avx2 build runs, the models listed here compute their prompt chunks on it too and keep no float layer:
+# fp32, the only float product such a CPU has, costs more a row than the kernel at 32 and 64 rows (the 2-core AVX2
+# EPYC: the 0.5B's 64-token chunk 1.19-1.36x faster, 1.0 GB less memory; docs/cpu.md), but the prompt then rounds
+# otherwise than under the vnni build, so its quality is measured again (precision.py's figures, same cases). A
+# model not listed keeps its fp32 float layers there and the vnni build's figure.
+INT4W_AVX2_QUALITY: dict[str, float] = {
+    "Qwen2.5-Coder-0.5B-Instruct": 0.0,  # 91 vs 91 of 240 boltons lines (2026-12-07, 2-core AVX2-only EPYC)
+}
+
+
+def prompts_on_kernel(model_name: str | None) -> bool:
+    """int4w computes this model's prompt chunks on the 4-bit kernel too, keeping no float layer: where this
+    process's kernel is the avx2 build and the model's quality was measured so (INT4W_AVX2_QUALITY)."""
+    return model_name in INT4W_AVX2_QUALITY and kernel_name().startswith("avx2")
+
+
 def kernel_name() -> str:
     """Which product int4w runs in this process: "amx-<source digest>" or "avx512-<source digest>" (gguf_amx.py)
     or "torch"."""
@@ -362,10 +379,11 @@ def _layers_kept(gguf: str | Path, key: str, slots: list, names: dict[int, str])
 
 
 @torch.no_grad()
-def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = torch.float32) -> dict[str, int]:
+def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype | None = torch.float32) -> dict[str, int]:
     """Replace, in place, the nn.Linear layers of a transformers causal LM's decoder and its LM head: by
     Int4WeightLinear where the GGUF holds the layer as Q4_K blocks that decode to the model's weight, else by
-    Int8WeightLinear; each keeps its float layer, in `wide_dtype`, for prompt chunks. -> how many layers
+    Int8WeightLinear; each keeps its float layer, in `wide_dtype`, for prompt chunks (None: the 4-bit layers
+    keep none and compute every call on their blocks; an int8w layer keeps an fp32 one). -> how many layers
     became which."""
     from .int8weight import weight_int8_exact
 
@@ -386,7 +404,10 @@ def quantize_from_gguf(model: Any, gguf: str | Path, wide_dtype: torch.dtype = t
         layer = layers.get(names.get(id(linear), ""))
         if layer is None:
             layer = Int8WeightLinear.from_linear(linear)
-        layer.wide.to(wide_dtype)
+        if wide_dtype is None and isinstance(layer, Int4WeightLinear):
+            layer.wide = None
+        else:
+            layer.wide.to(wide_dtype or torch.float32)
         kind = "blocks" if isinstance(layer, BlockLinear) else "int4" if isinstance(layer, Int4WeightLinear) else "int8"
         counts[kind] += 1
         setattr(parent, attr, layer)

@@ -121,6 +121,8 @@ INT4W_VNNI_QUALITY: dict[str, float] = {
     # with its Q5_0 and Q8_0 layers on int8 activations too, 7 lines' text changed, none's exactness)
     "Qwen2.5-Coder-1.5B-Instruct": -0.8,  # 111 vs 113 (fp32 of 2026-12-03) of 240 boltons lines (2026-12-07, the same)
 }
+# ... and where the AVX2 build computes a model's prompt chunks too, that model's own figure:
+# int4weight.INT4W_AVX2_QUALITY (int4weight.prompts_on_kernel; host.quantize reads it there, below this module)
 
 
 def cpu_name() -> str:
@@ -141,9 +143,9 @@ def _cache_path(model_name: str, names: Sequence[str] = ()) -> Path:
     key = f"{model_name}-{cpu_name()}-t{torch.get_num_threads()}-torch{torch.__version__}-v{MEASURE_VERSION}" \
         + "".join(f"-{n}" for n in QUANTIZED if n in names)
     if "int4w" in names:  # its product is compiled here or torch's (int4weight.kernel_name): each its own figures
-        from .int4weight import kernel_name
+        from .int4weight import kernel_name, prompts_on_kernel
 
-        key += f"-{kernel_name()}"
+        key += f"-{kernel_name()}" + ("-prompts" if prompts_on_kernel(model_name) else "")  # prompt chunks' cost
     return cache_dir() / f"precision-{safe_filename(key)}.json"
 
 
@@ -210,12 +212,15 @@ def int4w_candidate(model_name: str) -> bool:
     """int4w may be chosen for this model: its measured quality loss against fp32 is within INT8_MAX_LOSS, and
     the 4-bit kernel is batch-invariant on this CPU (the model's GGUF is read when it is converted)."""
     from . import gguf_amx
-    from .int4weight import kernel_name, weight_int4_exact
+    from .int4weight import INT4W_AVX2_QUALITY, kernel_name, prompts_on_kernel, weight_int4_exact
 
-    if all(model_name not in figures for figures in (INT4W_QUALITY, INT4W_AMX_QUALITY, INT4W_VNNI_QUALITY)):
+    if all(model_name not in figures
+           for figures in (INT4W_QUALITY, INT4W_AMX_QUALITY, INT4W_VNNI_QUALITY, INT4W_AVX2_QUALITY)):
         return False  # no figure under any build: nothing to compile (kernel_name builds this CPU's kernel)
     name = kernel_name()
-    if name.startswith(gguf_amx.INT8_ACTIVATIONS):  # other numerics (the avx2 build's are vnni's): their own figures
+    if prompts_on_kernel(model_name):
+        loss = INT4W_AVX2_QUALITY.get(model_name)
+    elif name.startswith(gguf_amx.INT8_ACTIVATIONS):  # other numerics (the avx2 build's are vnni's): their own figures
         loss = INT4W_VNNI_QUALITY.get(model_name)
     else:
         loss = INT4W_QUALITY.get(model_name)
@@ -320,7 +325,7 @@ def _candidate(loaded_fp32, name: str, timer: Timer) -> Callable[[], dict]:
     from .verifiers import make_verifier_or_eager
 
     model = loaded_fp32 if name == "fp32" else _convert(copy.deepcopy(loaded_fp32.model), name,
-                                                                  getattr(loaded_fp32, "gguf", None))
+                                                                  getattr(loaded_fp32, "gguf", None), loaded_fp32.name)
     return timer(name, make_verifier_or_eager(model, "auto", max_len=MEASURE_CONTEXT + 2 * PROMPT_CHUNK),
                  loaded_fp32.vocab_size)
 
@@ -576,14 +581,14 @@ class LiveCheck:
                 "reason": self.reason, "action": self.action, "remeasured": self.remeasured}
 
 
-def _convert(model, precision: str, gguf: Path | None = None):
-    """The model converted in place to "bf16", "int8" (per-row W8A8), "int8w" (weight-only int8) or "int4w"
-    (the GGUF `gguf`'s 4-bit blocks)."""
+def _convert(model, precision: str, gguf: Path | None = None, name: str | None = None):
+    """The model (named `name`) converted in place to "bf16", "int8" (per-row W8A8), "int8w" (weight-only int8)
+    or "int4w" (the GGUF `gguf`'s 4-bit blocks)."""
     if precision == "bf16":
         return model.to(torch.bfloat16)
     from .host import quantize
 
-    return quantize(model, precision, gguf)
+    return quantize(model, precision, gguf, name)
 
 
 def as_precision(loaded, precision: str):
@@ -591,6 +596,6 @@ def as_precision(loaded, precision: str):
     converts its weights, "int8" and "int8w" its linear layers (activations stay fp32)."""
     if precision == "fp32":
         return loaded
-    _convert(loaded.model, precision, getattr(loaded, "gguf", None))
+    _convert(loaded.model, precision, getattr(loaded, "gguf", None), loaded.name)
     return dataclasses.replace(loaded, dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
                                precision=precision)

@@ -169,6 +169,30 @@ def test_int4w_follows_the_float_model(q4k_model):
     assert agree >= 0.8, f"int4w's greedy tokens agree with fp32's at {float(agree):.2f} of positions"
 
 
+@needs_kernel
+def test_prompts_on_the_kernel_keep_no_float_layer(q4k_model, monkeypatch):
+    """Where int4weight.prompts_on_kernel says so (the avx2 build, a model measured so), every 4-bit layer computes
+    calls of any number of rows on its blocks and holds no float copy: a prompt chunk's rows get the bits they
+    get one at a time, and a model's logits over more than MAX_ROWS tokens are no longer the float layers'."""
+    from rest_lsp.model import int4weight
+
+    ref, floats = int4w_model(q4k_model)
+    monkeypatch.setattr(int4weight, "prompts_on_kernel", lambda name: name == ref.name)
+    _, kernel = int4w_model(q4k_model)
+    layers = [m for m in kernel.model.modules() if isinstance(m, Int4WeightLinear)]
+    assert len(layers) == 15 and all(m.wide is None for m in layers)
+    assert all(m.wide is not None for m in floats.model.modules() if isinstance(m, Int4WeightLinear))
+    q_proj = kernel.model.model.layers[0].self_attn.q_proj
+    x = torch.randn(3 * Int4WeightLinear.MAX_ROWS, q_proj.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(q_proj(x), torch.cat([q_proj(x[i:i + 1]) for i in range(len(x))]))
+        ids = torch.tensor([ref.tokenizer.encode("def moving_average(values, window):\n    total = 0\n    for v in values:\n")])
+        assert ids.shape[1] > Int4WeightLinear.MAX_ROWS
+        a, b, c = (m.model(ids).logits[0] for m in (ref, floats, kernel))
+    assert torch.equal(a, b)  # more than MAX_ROWS rows: the float layers (fp32 here: fp32's own logits)
+    assert not torch.equal(a, c)
+
+
 def _layer_kinds(model) -> dict[str, type]:
     return {name: type(m) for name, m in model.named_modules() if isinstance(m, (Int4WeightLinear, Int8WeightLinear))}
 

@@ -392,6 +392,28 @@ def test_int4w_under_the_vnni_build_takes_that_builds_quality_figures_only(monke
     assert precision.int4w_candidate("m") is (expected and not kernel.startswith(gguf_amx.INT8_ACTIVATIONS))
 
 
+@pytest.mark.parametrize("kernel", ["avx2-abc", "vnni-abc", "avx512-abc", "amx-abc"])
+def test_prompts_on_the_avx2_kernel_take_their_own_figure_and_cache_key(monkeypatch, kernel):
+    """Under the avx2 build a model listed in INT4W_AVX2_QUALITY computes its prompts on the kernel: a candidate by
+    that figure alone (whatever vnni's says), and measured under a key of its own (an entry timed with fp32 prompt
+    chunks is not reused); elsewhere, and for a model not listed, nothing changes."""
+    from rest_lsp.model import int4weight, precision
+
+    monkeypatch.setattr(int4weight, "kernel_name", lambda: kernel)
+    monkeypatch.setattr(int4weight, "weight_int4_exact", lambda: True)
+    monkeypatch.setitem(precision.INT4W_VNNI_QUALITY, "m", +1.0)
+    monkeypatch.setitem(precision.INT4W_QUALITY, "m", +1.0)
+    monkeypatch.setitem(int4weight.INT4W_AVX2_QUALITY, "m", -(precision.INT8_MAX_LOSS + 1.0))
+    avx2 = kernel.startswith("avx2")
+    assert int4weight.prompts_on_kernel("m") is avx2
+    assert int4weight.prompts_on_kernel("n") is False and int4weight.prompts_on_kernel(None) is False
+    assert precision.int4w_candidate("m") is (not avx2)  # avx2: its own figure, past the bound
+    monkeypatch.setitem(int4weight.INT4W_AVX2_QUALITY, "m", 0.0)
+    assert precision.int4w_candidate("m") is True
+    assert precision._cache_path("m", ["int4w"]).name.endswith("-prompts.json") is avx2
+    assert not precision._cache_path("n", ["int4w"]).name.endswith("-prompts.json")
+
+
 def test_a_model_without_int4w_figures_builds_no_kernel(monkeypatch):
     """A model int4w was never measured for is no candidate, known without compiling this CPU's 4-bit kernel
     (a minute on a 2-core AVX2 EPYC, in every daemon with a cache of its own)."""
