@@ -20,6 +20,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report import write_json  # noqa: E402

@@ -41,6 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_typing import prepare, prepare_whole  # noqa: E402

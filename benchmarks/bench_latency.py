@@ -32,12 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-from rest_lsp.service.config import ServerConfig
-from rest_lsp.service.core import CompletionRequest, CompletionService
-from rest_lsp.service.workspace import WorkspaceIndex
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rest_lsp.service.config import ServerConfig  # noqa: E402
+from rest_lsp.service.core import CompletionRequest, CompletionService  # noqa: E402
+from rest_lsp.service.workspace import WorkspaceIndex  # noqa: E402
 from realcode import function_bodies  # noqa: E402
 from report import pct, write_json  # noqa: E402
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realcode import DEFAULT_PROJECT, fetch_project, function_bodies, python_files  # noqa: E402

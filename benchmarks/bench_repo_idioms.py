@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realcode import fetch_project, function_bodies, python_files  # noqa: E402

@@ -72,6 +72,7 @@ from typing import Callable
 
 from lsprotocol import types
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_peer import N_PREFIX, N_SUFFIX, InfillEditor, LlamaServer  # noqa: E402

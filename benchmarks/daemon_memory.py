@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_typing import wait_quiet  # noqa: E402

@@ -18,8 +18,11 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 
 
 def shapes(config) -> list[tuple[int, int, int]]:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
+
 
 def _timed(name: str, fn, times: dict):
     def wrapper(*a, **kw):

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an editable install's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "editors"))
 
 from editor_harness import SERVER  # noqa: E402

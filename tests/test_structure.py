@@ -403,3 +403,60 @@ def test_verifier_checks_can_fail(tmp_path):
         "rest_lsp/service/backend.py:6: Fv(...)", "rest_lsp/service/backend.py:6: static.StaticVerifier(...)",
         "rest_lsp/service/bench.py:3: FastVerifier(...)"]
     assert layer_violations(import_graph(mods)) == ["rest_lsp.model.fast -> rest_lsp.model.static"]
+
+
+# A benchmark measures the checkout it lives in. Run from a git worktree whose environment is another checkout's
+# (an editable install), `import rest_lsp` would find that other checkout unless the script puts its own root on
+# sys.path first: a quality run of a worktree's change measured main's code that way (docs/bench.md).
+ROOT_ON_PATH = {"str(Path(__file__).resolve().parents[1])", "str(ROOT)"}
+
+
+def benchmarks_importing_another_checkout(root: Path = REPO) -> list[str]:
+    """Benchmark scripts (those with a __main__ block) that import a package of this repository, or a
+    neighbour in benchmarks/ (which may import one), before a module-level sys.path.insert(0, <the root>)."""
+    bench = root / "benchmarks"
+    local = {*PACKAGES, TEST_SUPPORT, *(p.stem for p in bench.glob("*.py"))}
+
+    def ours(node) -> bool:
+        if isinstance(node, ast.Import):
+            return any(a.name.split(".")[0] in local for a in node.names)
+        return isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in local
+
+    bad = []
+    for path in sorted(bench.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if "__main__" not in ast.unparse(tree) or not any(ours(n) for n in ast.walk(tree)):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                    and ast.unparse(node.value.func) == "sys.path.insert"
+                    and ast.unparse(node.value.args[1]) in ROOT_ON_PATH):
+                break
+            if ours(node) or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bad.append(f"{path.name}:{node.lineno}")
+                break
+        else:
+            bad.append(f"{path.name}: never")
+    return bad
+
+
+def test_benchmarks_import_their_own_checkout():
+    assert (REPO / "benchmarks" / "bench_layout.py").is_file()
+    bad = benchmarks_importing_another_checkout()
+    assert not bad, "put the repository root first on sys.path before these imports:\n" + "\n".join(bad)
+
+
+def test_checkout_check_can_fail(tmp_path):
+    """A script importing rest_lsp, or a neighbour, before the root is on sys.path is found, as is one whose
+    only project import sits in a function with no insert at all; a module without a __main__ block, and a
+    script that inserts the root first, are not."""
+    b = tmp_path / "benchmarks"
+    b.mkdir()
+    main = '\nif __name__ == "__main__":\n    pass\n'
+    ok = "import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).resolve().parents[1]))\n"
+    (b / "helper.py").write_text("from rest_lsp import x\n")
+    (b / "early.py").write_text("import sys\nfrom rest_lsp.service import core\n" + ok + main)
+    (b / "neighbour.py").write_text("import sys\nimport helper\n" + ok + main)
+    (b / "inside.py").write_text("def f():\n    from indexer import store\n" + main)
+    (b / "good.py").write_text(ok + "import helper\nfrom rest_lsp import y\n\ndef f():\n    import indexer\n" + main)
+    assert benchmarks_importing_another_checkout(tmp_path) == ["early.py:2", "inside.py:1", "neighbour.py:2"]
